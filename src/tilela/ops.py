@@ -1,0 +1,195 @@
+"""Public ops: FLA-compatible signatures, validation once, then dispatch.
+
+Layout ``[B, T, H, D]``; varlen through ``cu_seqlens`` ``[N+1]`` (B == 1). GVA: v (and g, beta)
+carry HV = G*H heads and value head h reads q/k head h // G. States are ``[N, HV, K, V]``
+float32 (float64 for float64 inputs). Each attention op returns ``(o, final_state or None)``
+with o ``[B, T, HV, V]`` in the input dtype. The state recurrence (S in ``[K, V]`` layout):
+
+    S_t = diag(exp g_t) S_{t-1}                      (gated ops; g scalar or per key channel)
+    S_t += k_t (beta_t (v_t - k_t^T S_t))^T           (delta-rule ops)
+    S_t += k_t v_t^T                                  (plain ops)
+    o_t  = scale q_t^T S_t                            (scale defaults to K ** -0.5)
+
+Arguments after ``output_final_state`` are keyword-only, so a call written for FLA's argument
+order cannot bind them to the wrong parameter. ``cu_seqlens_cpu`` (a host copy of
+``cu_seqlens``) spares the one device-to-host copy that validating GPU-resident boundaries costs.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import _validation as V
+from .torch_path import chunk as torch_path
+
+
+def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    xf = x.float() if x.dtype != torch.float64 else x
+    return (xf * torch.rsqrt(xf.pow(2).sum(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def _attention(q, k, v, g, g_kind, beta, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu,
+               use_qk_l2norm_in_kernel=False):
+    dims = V.check_attention(
+        q=q, k=k, v=v, g=g, g_kind=g_kind, beta=beta, needs_beta=beta is not None,
+        scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu,
+    )
+    if use_qk_l2norm_in_kernel:
+        q, k = _l2norm(q), _l2norm(k)
+    scale = dims.K ** -0.5 if scale is None else float(scale)
+    return torch_path.chunk_attention(q, k, v, g, beta, scale, initial_state, output_final_state, dims)
+
+
+def _require(name: str, x) -> None:
+    if x is None:
+        raise TypeError(f"{name}: expected a torch.Tensor, got None")
+
+
+def chunk_gated_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    *,
+    cu_seqlens: torch.Tensor | None = None,
+    use_qk_l2norm_in_kernel: bool = False,
+    cu_seqlens_cpu: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Gated DeltaNet. g: per-token log gate [B, T, HV] (raw, not cumsum'd); beta [B, T, HV] in (0, 1)."""
+    _require("g", g)
+    _require("beta", beta)
+    return _attention(q, k, v, g, "scalar", beta, scale, initial_state, output_final_state, cu_seqlens,
+                      cu_seqlens_cpu, use_qk_l2norm_in_kernel)
+
+
+def chunk_kda(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    *,
+    cu_seqlens: torch.Tensor | None = None,
+    use_qk_l2norm_in_kernel: bool = False,
+    cu_seqlens_cpu: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Kimi Delta Attention: as GDN with the log gate per key channel, g [B, T, HV, K]."""
+    _require("g", g)
+    _require("beta", beta)
+    return _attention(q, k, v, g, "channel", beta, scale, initial_state, output_final_state, cu_seqlens,
+                      cu_seqlens_cpu, use_qk_l2norm_in_kernel)
+
+
+def chunk_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    *,
+    cu_seqlens: torch.Tensor | None = None,
+    use_qk_l2norm_in_kernel: bool = False,
+    cu_seqlens_cpu: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """DeltaNet (ladder level 4): the delta rule with no gate."""
+    _require("beta", beta)
+    return _attention(q, k, v, None, "none", beta, scale, initial_state, output_final_state, cu_seqlens,
+                      cu_seqlens_cpu, use_qk_l2norm_in_kernel)
+
+
+def chunk_linear_attn(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    *,
+    cu_seqlens: torch.Tensor | None = None,
+    cu_seqlens_cpu: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Plain causal linear attention (ladder level 1), unnormalised (FLA's ``normalize=False``)."""
+    return _attention(q, k, v, None, "none", None, scale, initial_state, output_final_state, cu_seqlens,
+                      cu_seqlens_cpu)
+
+
+def chunk_simple_gla(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    *,
+    cu_seqlens: torch.Tensor | None = None,
+    cu_seqlens_cpu: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Scalar-gated linear attention (ladder level 2-3): g [B, T, HV] per-token log gate; a
+    constant g is level 2's fixed decay."""
+    _require("g", g)
+    return _attention(q, k, v, g, "scalar", None, scale, initial_state, output_final_state, cu_seqlens,
+                      cu_seqlens_cpu)
+
+
+def chunk_gla(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    *,
+    cu_seqlens: torch.Tensor | None = None,
+    cu_seqlens_cpu: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Gated linear attention (ladder level 3): g [B, T, HV, K] per-token, per-key-channel log gate."""
+    _require("g", g)
+    return _attention(q, k, v, g, "channel", None, scale, initial_state, output_final_state, cu_seqlens,
+                      cu_seqlens_cpu)
+
+
+def kkt_solve(
+    k: torch.Tensor,
+    beta: torch.Tensor,
+    g: torch.Tensor | None = None,
+    chunk_size: int = 64,
+    cu_seqlens: torch.Tensor | None = None,
+    *,
+    method: str = "blocked",
+    cu_seqlens_cpu: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Per chunk A = (I + strictLower(diag(beta) (Gamma ⊙ K K^T)))^-1, returned as [B, T, HV, C]
+    in k's dtype: row t holds row i of its chunk's A (i = t's index in the chunk).
+
+    k [B, T, H, K]; beta [B, T, HV]; g None or the chunk-local cumsum of the log gate [B, T, HV]
+    (what ``chunk_local_cumsum`` returns), Gamma_ij = exp(g_i - g_j). ``method`` picks the Hopper
+    kernel's inverse: "blocked" (recursive 16x16 blocks) or "neumann" (16x16 Neumann products);
+    both compute the same matrix.
+    """
+    dims = V.check_kkt(k, beta, g, chunk_size, method, cu_seqlens, cu_seqlens_cpu)
+    return torch_path.kkt_solve(k, beta, g, chunk_size, dims)
+
+
+def chunk_local_cumsum(
+    g: torch.Tensor,
+    chunk_size: int = 64,
+    cu_seqlens: torch.Tensor | None = None,
+    *,
+    scale: float | None = None,
+    cu_seqlens_cpu: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Inclusive prefix sum of g [B, T, H] or [B, T, H, K] inside each chunk of each sequence,
+    in float32 (float64 for float64 input); ``scale`` multiplies it (log2(e) feeds exp2)."""
+    dims = V.check_cumsum(g, chunk_size, scale, cu_seqlens, cu_seqlens_cpu)
+    return torch_path.chunk_local_cumsum(g, chunk_size, scale, dims)
