@@ -1,0 +1,124 @@
+"""The public ops (PyTorch path here) against the independent float64 token recurrence
+(reference layer A) on odd shapes: varlen with 0-, 1- and non-multiple-of-64-token sequences,
+GVA ratio 3, K != V, strong and zero decay, initial state."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tilela
+from tilela import reference
+
+LENGTHS = (1, 70, 0, 130, 5)
+H, HV, K, V = 2, 6, 16, 24
+
+
+def rel_l2(x, ref):
+    return float((x.double() - ref).norm() / ref.norm())
+
+
+def make_inputs(dtype=torch.float32, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    T = sum(LENGTHS)
+    cu = torch.tensor([0, *torch.tensor(LENGTHS).cumsum(0).tolist()], dtype=torch.int32)
+    q = F.normalize(torch.randn(1, T, H, K, generator=gen), dim=-1)
+    k = F.normalize(torch.randn(1, T, H, K, generator=gen), dim=-1)
+    v = torch.randn(1, T, HV, V, generator=gen)
+    beta = torch.rand(1, T, HV, generator=gen)
+    g_scalar = F.logsigmoid(torch.randn(1, T, HV, generator=gen))
+    g_scalar[..., 0] = 0.0  # a head that never forgets
+    g_scalar[..., 1] = -20.0  # a head that forgets everything at once
+    g_channel = F.logsigmoid(torch.randn(1, T, HV, K, generator=gen))
+    g_channel[..., 0, :] = 0.0
+    g_channel[..., 1, : K // 2] = -20.0
+    h0 = torch.randn(len(LENGTHS), HV, K, V, generator=gen)
+    cast = lambda x: x.to(dtype)
+    return dict(q=cast(q), k=cast(k), v=cast(v), beta=beta, g_scalar=g_scalar, g_channel=g_channel, h0=h0, cu=cu)
+
+
+# (op, gate input, uses beta)
+OPS = [
+    ("chunk_gated_delta_rule", "g_scalar", True),
+    ("chunk_kda", "g_channel", True),
+    ("chunk_delta_rule", None, True),
+    ("chunk_linear_attn", None, False),
+    ("chunk_simple_gla", "g_scalar", False),
+    ("chunk_gla", "g_channel", False),
+]
+
+
+def call(op, x, gate, uses_beta, **kw):
+    args = [x["q"], x["k"], x["v"]]
+    if gate:
+        args.append(x[gate])
+    if uses_beta:
+        args.append(x["beta"])
+    return getattr(tilela, op)(*args, **kw)
+
+
+@pytest.mark.parametrize("op,gate,uses_beta", OPS)
+def test_varlen_gva_against_token_recurrence(op, gate, uses_beta):
+    x = make_inputs()
+    o, S = call(op, x, gate, uses_beta, initial_state=x["h0"], output_final_state=True, cu_seqlens=x["cu"])
+    ref_o, ref_S = reference.recurrent(
+        x["q"], x["k"], x["v"], g=x[gate] if gate else None, beta=x["beta"] if uses_beta else None,
+        initial_state=x["h0"], cu_seqlens=x["cu"],
+    )
+    assert o.shape == (1, sum(LENGTHS), HV, V) and o.dtype == torch.float32
+    assert S.shape == (len(LENGTHS), HV, K, V) and S.dtype == torch.float32
+    assert rel_l2(o, ref_o) < 1e-4
+    assert rel_l2(S, ref_S) < 1e-4
+    # a length-0 sequence hands its initial state straight through
+    assert torch.allclose(S[2], x["h0"][2])
+
+
+@pytest.mark.parametrize("op,gate,uses_beta", OPS)
+def test_dense_batch_and_bf16(op, gate, uses_beta):
+    gen = torch.Generator().manual_seed(1)
+    B, T = 2, 77
+    q = F.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1).bfloat16()
+    k = F.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1).bfloat16()
+    v = torch.randn(B, T, HV, V, generator=gen).bfloat16()
+    x = dict(q=q, k=k, v=v, beta=torch.rand(B, T, HV, generator=gen),
+             g_scalar=F.logsigmoid(torch.randn(B, T, HV, generator=gen)),
+             g_channel=F.logsigmoid(torch.randn(B, T, HV, K, generator=gen)))
+    o, S = call(op, x, gate, uses_beta, scale=0.5, output_final_state=True)
+    ref_o, ref_S = reference.recurrent(q, k, v, g=x[gate] if gate else None, beta=x["beta"] if uses_beta else None,
+                                       scale=0.5)
+    assert o.dtype == torch.bfloat16 and S.dtype == torch.float32
+    assert rel_l2(o, ref_o) < 1e-2  # bf16 output rounding
+    assert rel_l2(S, ref_S) < 1e-4  # inputs are exactly bf16 values; the state is accumulated in float32
+
+
+def test_qk_l2norm_in_kernel_equals_normalising_first():
+    x = make_inputs()
+    q_raw, k_raw = x["q"] * 3.0, x["k"] * 0.25
+    o1, _ = tilela.chunk_gated_delta_rule(q_raw, k_raw, x["v"], x["g_scalar"], x["beta"], cu_seqlens=x["cu"],
+                                          use_qk_l2norm_in_kernel=True)
+    o2, _ = tilela.chunk_gated_delta_rule(x["q"], x["k"], x["v"], x["g_scalar"], x["beta"], cu_seqlens=x["cu"])
+    assert rel_l2(o1, o2.double()) < 1e-5
+
+
+def test_float64_inputs_match_reference_to_rounding():
+    x = make_inputs(dtype=torch.float64)
+    o, S = tilela.chunk_kda(x["q"], x["k"], x["v"], x["g_channel"].double(), x["beta"].double(),
+                            initial_state=x["h0"].double(), output_final_state=True, cu_seqlens=x["cu"])
+    ref_o, ref_S = reference.recurrent(x["q"], x["k"], x["v"], g=x["g_channel"], beta=x["beta"],
+                                       initial_state=x["h0"], cu_seqlens=x["cu"])
+    assert o.dtype == torch.float64 and S.dtype == torch.float64
+    assert rel_l2(o, ref_o) < 1e-12 and rel_l2(S, ref_S) < 1e-12
+
+
+@pytest.mark.parametrize("chunk_size", [16, 32, 64])
+def test_chunk_primitives_against_reference(chunk_size):
+    x = make_inputs()
+    g_cum = tilela.chunk_local_cumsum(x["g_scalar"], chunk_size, x["cu"])
+    ref_cum = reference.chunk_local_cumsum(x["g_scalar"], chunk_size, x["cu"])
+    assert rel_l2(g_cum, ref_cum) < 1e-6
+    scaled = tilela.chunk_local_cumsum(x["g_channel"], chunk_size, x["cu"], scale=1.4426950408889634)
+    assert rel_l2(scaled, reference.chunk_local_cumsum(x["g_channel"], chunk_size, x["cu"], scale=1.4426950408889634)) < 1e-6
+    for g in (None, g_cum):
+        A = tilela.kkt_solve(x["k"], x["beta"], g, chunk_size, x["cu"])
+        ref_A = reference.kkt_solve(x["k"], x["beta"], None if g is None else ref_cum, chunk_size, x["cu"])
+        assert A.shape == (1, sum(LENGTHS), HV, chunk_size)
+        assert rel_l2(A, ref_A) < 1e-5
