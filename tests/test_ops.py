@@ -96,7 +96,7 @@ def test_qk_l2norm_in_kernel_equals_normalising_first():
     o1, _ = tilela.chunk_gated_delta_rule(q_raw, k_raw, x["v"], x["g_scalar"], x["beta"], cu_seqlens=x["cu"],
                                           use_qk_l2norm_in_kernel=True)
     o2, _ = tilela.chunk_gated_delta_rule(x["q"], x["k"], x["v"], x["g_scalar"], x["beta"], cu_seqlens=x["cu"])
-    assert rel_l2(o1, o2.double()) < 1e-5
+    assert rel_l2(o1, o2.double()) < 1e-4
 
 
 def test_float64_inputs_match_reference_to_rounding():
