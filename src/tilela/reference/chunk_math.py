@@ -11,6 +11,7 @@ gc is the chunk-local cumsum of the log gate ([L,1] scalar or [L,K] per key chan
 
 Every tensor may carry leading batch dims (heads, chunks). Exponents are masked before exp, so for a
 non-positive gate no exponent is positive: the per-channel decay is an [L, L, K] tensor exp(gc_i - gc_j).
+The functions keep their inputs' dtype and device: the PyTorch path (tilela.torch_path) runs them in float32.
 """
 import torch
 
@@ -19,7 +20,7 @@ from .inverse import solve_unit_lower
 
 def gamma_scores(a, b, gc, strict=False):
     L = a.shape[-2]
-    causal = torch.ones(L, L, dtype=torch.bool).tril(-1 if strict else 0)
+    causal = torch.ones(L, L, dtype=torch.bool, device=a.device).tril(-1 if strict else 0)
     if gc.shape[-1] == 1:
         decay = torch.exp((gc - gc.transpose(-1, -2)).masked_fill(~causal, -torch.inf))
         return (a @ b.transpose(-1, -2)) * decay
@@ -30,7 +31,7 @@ def gamma_scores(a, b, gc, strict=False):
 
 def ut_transform(k, beta, gc, inverse=solve_unit_lower):
     L = k.shape[-2]
-    return inverse(torch.eye(L, dtype=k.dtype) + beta[..., None] * gamma_scores(k, k, gc, strict=True))
+    return inverse(torch.eye(L, dtype=k.dtype, device=k.device) + beta[..., None] * gamma_scores(k, k, gc, strict=True))
 
 
 def wy_form(k, v, beta, gc):

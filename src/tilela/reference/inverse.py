@@ -20,8 +20,8 @@ from ._common import F64
 
 
 def solve_unit_lower(L):
-    eye = torch.eye(L.shape[-1], dtype=F64).expand_as(L)
-    return torch.linalg.solve_triangular(L.to(F64), eye, upper=False, unitriangular=True)
+    eye = torch.eye(L.shape[-1], dtype=L.dtype, device=L.device).expand_as(L)
+    return torch.linalg.solve_triangular(L, eye, upper=False, unitriangular=True)
 
 
 def row_forward_inplace(L):

@@ -14,8 +14,9 @@ Gamma_ij = exp(gc_i - gc_j) (i >= j, exponent never positive) and S0 the state e
 Sequences (dense rows or varlen pieces of ``cu_seqlens``) are packed into a zero-padded
 ``[N, Tp, ...]`` block, Tp a multiple of the chunk; a padded token has k = v = beta = g = 0 and
 so leaves the state untouched. Arithmetic runs in float32 (float64 for float64 inputs).
-This path mirrors reference layer B (``tilela.reference.chunked``) batched over sequences and
-heads; it is what runs where no Hopper GPU is present.
+The chunk identities are ``tilela.reference.chunk_math``'s, run in the compute dtype and batched
+over sequences and heads (reference layer B loops over sequences in float64); this is what runs
+where no Hopper GPU is present.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import torch
 
 from .._validation import Dims
+from ..reference.chunk_math import chunk_forward, ut_transform
 
 
 def compute_dtype(x: torch.Tensor) -> torch.dtype:
@@ -73,34 +75,13 @@ def unchunk(x: torch.Tensor) -> torch.Tensor:
     return x.transpose(2, 3).transpose(1, 3).reshape(N, NC * C, HV, *x.shape[4:])
 
 
-def decayed_scores(x: torch.Tensor, y: torch.Tensor, gc: torch.Tensor | None) -> torch.Tensor:
-    """tril(Gamma ⊙ X Y^T): sum_d x_id y_jd exp(gc_id - gc_jd) for i >= j, 0 above.
-
-    gc: None (no gate), [..., C] (scalar gate) or [..., C, K] (per key channel).
-    """
-    C = x.shape[-2]
-    lower = torch.ones(C, C, dtype=torch.bool, device=x.device).tril()
-    if gc is None:
-        scores = x @ y.transpose(-1, -2)
-    elif gc.dim() == x.dim() - 1:
-        diff = (gc[..., :, None] - gc[..., None, :]).masked_fill(~lower, 0.0)
-        scores = (x @ y.transpose(-1, -2)) * diff.exp()
-    else:
-        diff = (gc[..., :, None, :] - gc[..., None, :, :]).masked_fill(~lower[..., None], float("-inf"))
-        scores = torch.einsum("...id,...jd,...ijd->...ij", x, y, diff.exp())
-    return scores.masked_fill(~lower, 0.0)
-
-
-def gate_factor(gc: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """exp(gc) shaped to scale the rows (and for per-channel gates the columns) of ``like`` [..., C, K]."""
-    return gc.exp() if gc.dim() == like.dim() else gc.exp()[..., None]
-
-
-def ut_inverse(k: torch.Tensor, beta: torch.Tensor, gc: torch.Tensor | None) -> torch.Tensor:
-    """A = (I + strictLower(diag(beta) (Gamma ⊙ K K^T)))^-1 for a batch of chunks k [..., C, K]."""
-    L = (decayed_scores(k, k, gc) * beta[..., :, None]).tril(-1)
-    eye = torch.eye(L.shape[-1], dtype=L.dtype, device=L.device).expand_as(L)
-    return torch.linalg.solve_triangular(eye + L, eye, upper=False, unitriangular=True)
+def gate_chunks(g: torch.Tensor | None, valid: torch.Tensor, like: torch.Tensor, chunk_size: int, hold: bool):
+    """The log gate as [N, HV, NC, C, Kg] (Kg = 1 for a scalar gate, zeros without a gate), the
+    layout ``reference.chunk_math`` takes. ``hold``: g is already cumsum'd, pad by holding the last value."""
+    if g is None:
+        return like.new_zeros(*like.shape[:-1], 1)
+    gp = (pack_hold if hold else pack)(g, valid, like.dtype)
+    return chunks(gp if gp.dim() == 4 else gp[..., None], chunk_size)
 
 
 def chunk_attention(
@@ -123,35 +104,17 @@ def chunk_attention(
     qc = chunks(pack(q, valid, cdt).repeat_interleave(G, dim=2), C)  # [N, HV, NC, C, K]
     kc = chunks(pack(k, valid, cdt).repeat_interleave(G, dim=2), C)
     vc = chunks(pack(v, valid, cdt), C)  # [N, HV, NC, C, V]
-    gc = None if g is None else chunks(pack(g, valid, cdt), C).cumsum(dim=3)
+    gc = gate_chunks(g, valid, kc, C, hold=False).cumsum(dim=3)
     bc = None if beta is None else chunks(pack(beta, valid, cdt), C)
 
     if initial_state is None:
         S = qc.new_zeros(dims.N, dims.HV, dims.K, dims.V)
     else:
-        S = initial_state.to(cdt).clone()
+        S = initial_state.to(cdt)
     o = torch.empty_like(vc)
     for c in range(qc.shape[2]):
-        q_c, k_c, v_c = qc[:, :, c], kc[:, :, c], vc[:, :, c]
-        g_c = None if gc is None else gc[:, :, c]
-        if bc is None:
-            v_new = v_c
-        else:
-            b_c = bc[:, :, c]
-            A = ut_inverse(k_c, b_c, g_c)
-            U = A @ (b_c[..., None] * v_c)
-            k_beta = b_c[..., None] * k_c
-            W = A @ (k_beta if g_c is None else k_beta * gate_factor(g_c, k_c))
-            v_new = U - W @ S
-        q_dec = q_c if g_c is None else q_c * gate_factor(g_c, q_c)
-        o[:, :, c] = scale * (q_dec @ S + decayed_scores(q_c, k_c, g_c) @ v_new)
-        if g_c is None:
-            S = S + k_c.transpose(-1, -2) @ v_new
-        else:
-            g_last = g_c[..., -1:, :] if g_c.dim() == k_c.dim() else g_c[..., -1:]
-            k_dec = k_c * gate_factor(g_last - g_c, k_c)
-            S_dec = S * (g_last.exp().transpose(-1, -2) if g_c.dim() == k_c.dim() else g_last.exp()[..., None])
-            S = S_dec + k_dec.transpose(-1, -2) @ v_new
+        b_c = None if bc is None else bc[:, :, c]
+        o[:, :, c], S = chunk_forward(qc[:, :, c], kc[:, :, c], vc[:, :, c], gc[:, :, c], b_c, S, scale)
     out = unpack(unchunk(o), valid, dims, v.dtype)
     if not output_final_state:
         return out, None
@@ -182,6 +145,5 @@ def kkt_solve(k: torch.Tensor, beta: torch.Tensor, g: torch.Tensor | None, chunk
     G = dims.HV // dims.H
     kc = chunks(pack(k, valid, cdt).repeat_interleave(G, dim=2), C)
     bc = chunks(pack(beta, valid, cdt), C)
-    gc = None if g is None else chunks(pack_hold(g, valid, cdt), C)
-    A = ut_inverse(kc, bc, gc)  # [N, HV, NC, C, C]
+    A = ut_transform(kc, bc, gate_chunks(g, valid, kc, C, hold=True))  # [N, HV, NC, C, C]
     return unpack(unchunk(A), valid, dims, k.dtype)
