@@ -23,6 +23,17 @@ from . import _validation as V
 from .torch_path import chunk as torch_path
 
 
+def _hopper(*tensors):
+    """The Hopper kernel launchers when every given tensor sits on an sm_90 GPU, else None
+    (then the PyTorch path runs)."""
+    present = [t for t in tensors if t is not None]
+    if not all(t.is_cuda for t in present):
+        return None
+    from .kernels import hopper
+
+    return hopper if hopper.available(*present) else None
+
+
 def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     xf = x.float() if x.dtype != torch.float64 else x
     return (xf * torch.rsqrt(xf.pow(2).sum(-1, keepdim=True) + eps)).to(x.dtype)
@@ -37,7 +48,30 @@ def _attention(q, k, v, g, g_kind, beta, scale, initial_state, output_final_stat
     if use_qk_l2norm_in_kernel:
         q, k = _l2norm(q), _l2norm(k)
     scale = dims.K ** -0.5 if scale is None else float(scale)
+    hopper = _hopper(q, k, v, g, beta, initial_state, cu_seqlens)
+    if hopper is not None and q.dtype in (torch.bfloat16, torch.float16) and dims.K == dims.V and dims.K in (64, 128, 256):
+        return _hopper_attention(hopper, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
+                                 dims)
     return torch_path.chunk_attention(q, k, v, g, beta, scale, initial_state, output_final_state, dims)
+
+
+def _hopper_attention(hopper, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, dims):
+    """The TileLang pipeline: gate cumsum, kkt_solve (delta rule), then the fused state/output pass
+    with the sequence loop inside the block (kernels.hopper.chunk_fwd)."""
+    from .kernels.hopper.chunk_fwd import chunk_forward
+
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    g_cumsum = None if g is None else hopper.chunk_local_cumsum(g.contiguous(), 64, cu_seqlens)
+    A = None
+    if beta is not None:
+        beta = beta.contiguous() if beta.dtype in (torch.float32, q.dtype) else beta.float().contiguous()
+        if g_cumsum is not None and g_cumsum.dim() == 4:  # per-channel gate: no kkt_solve kernel yet
+            A = torch_path.kkt_solve(k, beta, g_cumsum, 64, dims)
+        else:
+            A = hopper.kkt_solve(k, beta, g_cumsum, 64, cu_seqlens)
+    if initial_state is not None:
+        initial_state = initial_state.float().contiguous()
+    return chunk_forward(q, k, v, g_cumsum, beta, A, scale, initial_state, output_final_state, cu_seqlens)
 
 
 def _require(name: str, x) -> None:
@@ -178,6 +212,10 @@ def kkt_solve(
     both compute the same matrix.
     """
     dims = V.check_kkt(k, beta, g, chunk_size, method, cu_seqlens, cu_seqlens_cpu)
+    hopper = _hopper(k, beta, g)
+    if hopper is not None and k.dtype in (torch.bfloat16, torch.float16) and dims.K % 64 == 0:
+        return hopper.kkt_solve(k.contiguous(), beta.contiguous(), None if g is None else g.contiguous(),
+                                chunk_size, cu_seqlens, method)
     return torch_path.kkt_solve(k, beta, g, chunk_size, dims)
 
 
@@ -192,4 +230,7 @@ def chunk_local_cumsum(
     """Inclusive prefix sum of g [B, T, H] or [B, T, H, K] inside each chunk of each sequence,
     in float32 (float64 for float64 input); ``scale`` multiplies it (log2(e) feeds exp2)."""
     dims = V.check_cumsum(g, chunk_size, scale, cu_seqlens, cu_seqlens_cpu)
+    hopper = _hopper(g)
+    if hopper is not None and g.dtype != torch.float64:
+        return hopper.chunk_local_cumsum(g.contiguous(), chunk_size, cu_seqlens, scale)
     return torch_path.chunk_local_cumsum(g, chunk_size, scale, dims)

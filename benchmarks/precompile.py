@@ -1,0 +1,62 @@
+"""Fill TileLang's on-disk kernel cache on a CPU machine, so a GPU run loads kernels instead of compiling them.
+
+    TILELANG_CACHE_DIR=$PWD/.tl-cache TILELANG_DEFAULT_TARGET='{"kind":"cuda","arch":"sm_90a"}' \\
+        python benchmarks/precompile.py [processes]
+    mkdir -p .devrun && tar cJf .devrun/tlcache.tar.xz -C .tl-cache .
+
+Compiles every kkt_solve / chunk_local_cumsum configuration we ship and the chunk_fwd configurations the GPU
+tests and the GDN benchmark reach (GDN with every state/varlen switch; the other ladder levels with the
+switches the tests use). benchmarks/device_run.sh unpacks the tarball on the device.
+"""
+
+import itertools
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+
+
+def compile_one(job):
+    kind, cfg = job
+    from tilela.kernels import hopper
+    from tilela.kernels.hopper import chunk_fwd
+
+    t = time.time()
+    try:
+        if kind == "chunk_fwd":
+            K, gate, delta, dtype, beta_dtype, flags = cfg
+            chunk_fwd.compiled(chunk_fwd.chunk_fwd_kernel, K, K, float(K) ** -0.5, gate, delta, dtype, beta_dtype,
+                               *flags, *chunk_fwd.default_config(K, gate, delta, dtype))
+        else:
+            builder = hopper.kkt_solve_kernel if kind == "kkt" else hopper.chunk_local_cumsum_kernel
+            hopper.compiled(builder, *cfg)
+        return job, time.time() - t, None
+    except Exception as e:  # report and go on: a miss only costs a compile on the device
+        return job, time.time() - t, repr(e)[:300]
+
+
+def jobs():
+    from tilela.kernels.hopper import CUMSUM_CONFIGS, KKT_CONFIGS
+
+    out = [("cumsum", c) for c in CUMSUM_CONFIGS] + [("kkt", c) for c in KKT_CONFIGS]
+    switches = list(itertools.product((True, False), repeat=3))  # (varlen, initial state, final state)
+    for K, dtype in itertools.product((128, 64, 256), ("bfloat16", "float16")):
+        for beta_dtype, flags in itertools.product(("float32", dtype), switches):
+            out.append(("chunk_fwd", (K, "scalar", True, dtype, beta_dtype, flags)))
+    test_switches = [(True, True, True), (False, False, True), (False, True, True), (True, False, True),
+                     (False, False, False)]
+    for (gate, delta), K, dtype, flags in itertools.product(
+            (("none", False), ("scalar", False), ("channel", False), ("none", True), ("channel", True)),
+            (128, 64), ("bfloat16", "float16"), test_switches):
+        out.append(("chunk_fwd", (K, gate, delta, dtype, "float32", flags)))
+    return out
+
+
+if __name__ == "__main__":
+    t0 = time.time()
+    todo = jobs()
+    failed = 0
+    with ProcessPoolExecutor(int(sys.argv[1]) if len(sys.argv) > 1 else 2) as pool:
+        for job, seconds, error in pool.map(compile_one, todo):
+            failed += error is not None
+            print(f"{job} {seconds:.1f}s {error or ''}", flush=True)
+    print(f"{len(todo)} configurations, {failed} failed, {time.time() - t0:.0f}s")

@@ -1,0 +1,269 @@
+"""Benchmark harness: ours against FLA and FlashQLA on the same inputs, in one process (`tilela bench`).
+
+An op registers a `Bench` (see `OPS`): its cases, an input maker, the implementations, a float64 reference and
+the roofline counts of a case. For every case the harness
+  - builds `rotations` independent input sets, enough that one pass over them exceeds twice the L2 cache,
+  - runs every implementation once eagerly (JIT compile / autotune, outside the timing), compares its output on
+    input set 0 with the first implementation's (`rel_err_vs`), and times it as a CUDA graph replaying one call per
+    input set: median over `replays` replays of (replay time / rotations), warm-up replays excluded;
+and, on the op's small check cases, compares every implementation with the float64 reference (`rel_err`).
+Records (op, case, impl, ms, rel_err, rel_err_vs, floor, device, versions) go to a JSON file under
+benchmarks/results/, and a markdown table with the ratios to the first implementation and the roofline floor
+(bytes / 4.3 TB/s, FLOPs / 790 TFLOP/s) is printed.
+
+FLA dispatches to FlashQLA unless FLA_FLASH_QLA=0, so the harness sets it before anything imports fla.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import importlib
+import importlib.metadata
+import json
+import math
+import os
+import statistics
+from pathlib import Path
+from typing import Any, Callable
+
+os.environ.setdefault("FLA_FLASH_QLA", "0")
+
+import torch  # noqa: E402
+
+HBM_BYTES_PER_S = 4.3e12
+TENSOR_FLOPS_PER_S = 790e12
+
+# op name -> module defining BENCH
+OPS = {
+    "gdn": "tilela.bench.gdn",
+    "kkt_solve": "tilela.bench.kkt_solve",
+    "chunk_local_cumsum": "tilela.bench.cumsum",
+}
+
+
+@dataclasses.dataclass
+class Case:
+    name: str
+    params: dict[str, Any]
+
+
+@dataclasses.dataclass
+class Bench:
+    """An op's benchmark. impls: name -> (inputs -> output, or None where the impl does not cover the case);
+    the first impl is the one the others are compared with and the ratios are relative to."""
+
+    op: str
+    cases: Callable[[bool], list[Case]]  # quick -> cases
+    check_cases: list[Case]  # small cases compared with the float64 reference
+    make_inputs: Callable[[Case, int], dict[str, Any]]  # (case, seed) -> inputs on the GPU
+    impls: dict[str, Callable[[Case, dict[str, Any]], torch.Tensor | None]]
+    reference: Callable[[Case, dict[str, Any]], torch.Tensor]  # float64 on the CPU inputs
+    cost: Callable[[Case], dict[str, float]]  # bytes, flops (and any accounting worth recording)
+
+
+def rel_l2(x: torch.Tensor, ref: torch.Tensor) -> float:
+    x = x.double()
+    ref = ref.to(x.device).double()
+    return ((x - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def versions() -> dict[str, str | None]:
+    out = {}
+    for name, dist in (("torch", "torch"), ("triton", "triton"), ("tilelang", "tilelang"),
+                       ("fla", "flash-linear-attention"), ("flash_qla", "flash_qla")):
+        try:
+            out[name] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            module = _try_import(name)
+            out[name] = getattr(module, "__version__", None) if module else None
+    return out
+
+
+def _try_import(name):
+    try:
+        return importlib.import_module(name)
+    except Exception:  # an absent or broken optional backend only removes its column
+        return None
+
+
+def _attempt(fn, *args):
+    """(fn(*args), None), or (None, the error as text): one failing implementation must not end the run."""
+    try:
+        return fn(*args), None
+    except Exception as exc:  # noqa: BLE001 - reported in the records and the table
+        return None, f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+
+
+def device_info() -> dict[str, Any]:
+    p = torch.cuda.get_device_properties(torch.cuda.current_device())
+    return {"name": p.name, "capability": f"{p.major}.{p.minor}", "sms": p.multi_processor_count,
+            "l2_bytes": getattr(p, "L2_cache_size", None)}
+
+
+def input_bytes(inputs: dict[str, Any]) -> int:
+    return sum(x.numel() * x.element_size() for x in inputs.values() if isinstance(x, torch.Tensor))
+
+
+def time_graph(fn: Callable[[dict[str, Any]], Any], input_sets: list[dict[str, Any]], replays: int,
+               warmup: int = 3) -> float:
+    """Median ms per call of fn over CUDA-graph replays that call it once per input set."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # eager warm-up off the default stream, as graph capture requires
+        for x in input_sets:
+            fn(x)
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for x in input_sets:
+            fn(x)
+    for _ in range(warmup):
+        graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(replays):
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / len(input_sets))
+    del graph
+    return statistics.median(times)
+
+
+def time_eager(fn: Callable[[dict[str, Any]], Any], input_sets: list[dict[str, Any]], replays: int,
+               warmup: int = 3) -> float:
+    """Median ms per call of fn called eagerly once per input set (for calls a CUDA graph cannot capture,
+    e.g. ones that synchronise with the host); launch gaps are included."""
+    for _ in range(warmup):
+        for x in input_sets:
+            fn(x)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(replays):
+        start.record()
+        for x in input_sets:
+            fn(x)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / len(input_sets))
+    return statistics.median(times)
+
+
+def run(op: str, quick: bool = False, replays: int = 30, impls: list[str] | None = None,
+        save: Callable[[list[dict[str, Any]]], None] | None = None) -> list[dict[str, Any]]:
+    """Check and time every case; ``save(records)`` runs after each case, so an interrupted run keeps its data."""
+    bench: Bench = importlib.import_module(OPS[op]).BENCH
+    chosen = {name: fn for name, fn in bench.impls.items() if impls is None or name in impls}
+    dev, vers = device_info(), versions()
+    l2 = dev["l2_bytes"] or 64 << 20
+    records = []
+
+    def record(case, impl, **fields):
+        cost = bench.cost(case)
+        floor_ms = 1e3 * max(cost["bytes"] / HBM_BYTES_PER_S, cost["flops"] / TENSOR_FLOPS_PER_S)
+        records.append({"op": op, "case": case.name, "params": case.params, "impl": impl, **fields,
+                        "floor_ms": floor_ms, "cost": cost, "device": dev, "versions": vers})
+
+    for check in bench.check_cases:
+        inputs = bench.make_inputs(check, 0)
+        ref = bench.reference(check, {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()})
+        for impl, fn in chosen.items():
+            out, error = _attempt(fn, check, inputs)
+            if out is not None or error is not None:
+                record(check, impl, ms=None, rel_err=None if error else rel_l2(out, ref), rel_err_vs=None, error=error)
+        del inputs, ref
+
+    for case in bench.cases(quick):
+        first = bench.make_inputs(case, 0)
+        rotations = max(2, min(32, math.ceil(2 * l2 / max(input_bytes(first), 1))))
+        input_sets = [first] + [bench.make_inputs(case, seed) for seed in range(1, rotations)]
+        baseline = None
+        for impl, fn in chosen.items():
+            out, error = _attempt(fn, case, first)
+            if out is None and error is None:
+                continue  # the implementation does not cover this case
+            if out is not None:
+                if baseline is None:
+                    baseline, base_impl = out, impl
+                err = rel_l2(out, baseline)
+                del out
+                timing = "cuda_graph"
+                ms, error = _attempt(time_graph, lambda x, fn=fn: fn(case, x), input_sets, replays)
+                if error is not None:
+                    print(f"{case.name:40s} {impl:24s} graph capture failed ({error}); timing eagerly", flush=True)
+                    timing = "eager"
+                    ms, error = _attempt(time_eager, lambda x, fn=fn: fn(case, x), input_sets, replays)
+            if error is not None:
+                record(case, impl, ms=None, rel_err=None, rel_err_vs=None, error=error)
+                print(f"{case.name:40s} {impl:24s} failed: {error}", flush=True)
+                continue
+            record(case, impl, ms=ms, rel_err=None, rel_err_vs={base_impl: err}, rotations=rotations, timing=timing)
+            print(f"{case.name:40s} {impl:24s} {ms:9.4f} ms  vs {base_impl}: {err:.2e} ({timing})", flush=True)
+        del input_sets, first, baseline
+        torch.cuda.empty_cache()
+        if save is not None:
+            save(records)
+    return records
+
+
+def markdown(records: list[dict[str, Any]]) -> str:
+    """One row per case: each impl's ms, its ratio to the first impl, the floor and the first impl's distance."""
+    timed = [r for r in records if r.get("ms") is not None]
+    impls = list(dict.fromkeys(r["impl"] for r in timed))
+    lines = []
+    checks = [r for r in records if r.get("rel_err") is not None]
+    if checks:
+        lines += ["| check case | impl | rel err vs float64 |", "|---|---|---|"]
+        lines += [f"| {r['case']} | {r['impl']} | {r['rel_err']:.2e} |" for r in checks]
+        lines.append("")
+    failures = [r for r in records if r.get("error")]
+    if failures:
+        lines += [f"- {r['case']} {r['impl']}: {r['error']}" for r in failures] + [""]
+    head = " | ".join(f"{i} ms (/ {impls[0]})" for i in impls)
+    lines += [f"| case | {head} | floor ms | {impls[0]} / floor |", "|---" * (len(impls) + 3) + "|"]
+    for case in dict.fromkeys(r["case"] for r in timed):
+        rows = {r["impl"]: r for r in timed if r["case"] == case}
+        base = rows.get(impls[0])
+        cells = []
+        for i in impls:
+            r = rows.get(i)
+            if r is None:
+                cells.append("-")
+            elif base is None or i == impls[0]:
+                cells.append(f"{r['ms']:.4f}")
+            else:
+                cells.append(f"{r['ms']:.4f} ({r['ms'] / base['ms']:.2f})")
+        floor = next(iter(rows.values()))["floor_ms"]
+        dist = f"{base['ms'] / floor:.2f}" if base else "-"
+        lines.append(f"| {case} | " + " | ".join(cells) + f" | {floor:.4f} | {dist} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tilela bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--op", choices=sorted(OPS), required=True)
+    parser.add_argument("--quick", action="store_true", help="a subset of the cases")
+    parser.add_argument("--replays", type=int, default=30)
+    parser.add_argument("--impls", default=None, help="comma-separated subset of the implementations")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="JSON file (default benchmarks/results/<op>-<time>.json)")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        parser.error("needs a CUDA GPU")
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    out = args.out or Path("benchmarks/results") / f"{args.op}-{stamp}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    def save(records):
+        out.write_text(json.dumps({"op": args.op, "quick": args.quick, "time": stamp, "records": records}, indent=1))
+
+    records = run(args.op, quick=args.quick, replays=args.replays,
+                  impls=None if args.impls is None else args.impls.split(","), save=save)
+    save(records)
+    print(markdown(records))
+    print(f"\nwritten {out}")
+    return 0

@@ -1,0 +1,123 @@
+"""GDN forward benchmark: chunk_gated_delta_rule, ours against FLA and FlashQLA on identical inputs.
+
+Inputs as FlashQLA's own benchmark: l2-normalised bf16 q/k, bf16 v, sigmoid beta and the log gate in
+float32, float32 initial state, final state out. Two gate regimes, because FlashQLA's intra-card split
+warms up until the decay has forgotten the past and so its speed depends on the gate values:
+  mixed   g = logsigmoid(randn) / 16 with a quarter of the value heads at g = 0 (no decay)
+  decay   g = logsigmoid(randn + 3) on every head
+Implementations (all given cu_seqlens and, where they take it, its host copy):
+  tilela      tilela.chunk_gated_delta_rule (TileLang kernels end to end)
+  fla         fla.ops.gated_delta_rule.chunk_gated_delta_rule with FLA_FLASH_QLA=0 (Triton)
+  flash_qla   flash_qla.chunk_gated_delta_rule (TileLang)
+Grid: head configs (h_qk/h_v) 2/8, 4/16, 8/24, 16/32, 16/64, 32/32 x layouts 1x32768, 1x8192, 1x2048,
+28672+4096, 8192x4, 1024x8 (the last three varlen) x both gate regimes; K = V = 128.
+Floor: q, k, v, g, beta read once, o written once, the state read and written once; FLOPs of the chunk
+form (K K^T per q/k head; per value head K S, A R, Q S, Q K^T, P Vnew and K^T Vnew per chunk).
+"""
+
+import torch
+import torch.nn.functional as F
+
+from tilela import reference
+
+from . import Bench, Case, _try_import
+
+DIM = 128
+CHUNK = 64
+HEADS = ((2, 8), (4, 16), (8, 24), (16, 32), (16, 64), (32, 32))
+LAYOUTS = {
+    "1x32768": (32768,), "1x8192": (8192,), "1x2048": (2048,),
+    "28672+4096": (28672, 4096), "8192x4": (8192,) * 4, "1024x8": (1024,) * 8,
+}
+QUICK = [((16, 32), "1x32768"), ((32, 32), "1x8192"), ((4, 16), "28672+4096"), ((16, 64), "1024x8")]
+
+
+def _case(heads, layout, gate, lengths):
+    h_qk, h_v = heads
+    return Case(f"{layout}_h{h_qk}-{h_v}_{gate}",
+                dict(lengths=lengths, varlen=len(lengths) > 1, H=h_qk, HV=h_v, K=DIM, V=DIM, gate=gate))
+
+
+def cases(quick):
+    pairs = QUICK if quick else [(h, lay) for lay in LAYOUTS for h in HEADS]
+    return [_case(h, lay, gate, LAYOUTS[lay]) for h, lay in pairs for gate in ("mixed", "decay")]
+
+
+def make_inputs(case, seed):
+    p = case.params
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    T, H, HV, K, V = sum(p["lengths"]), p["H"], p["HV"], p["K"], p["V"]
+    randn = lambda *shape: torch.randn(*shape, device="cuda", generator=gen)  # noqa: E731
+    q = F.normalize(randn(1, T, H, K), dim=-1).to(torch.bfloat16)
+    k = F.normalize(randn(1, T, H, K), dim=-1).to(torch.bfloat16)
+    v = randn(1, T, HV, V).to(torch.bfloat16)
+    if p["gate"] == "mixed":
+        g = F.logsigmoid(randn(1, T, HV)) / 16
+        g[:, :, : HV // 4] = 0.0
+    else:
+        g = F.logsigmoid(randn(1, T, HV) + 3)
+    beta = randn(1, T, HV).sigmoid()
+    h0 = randn(len(p["lengths"]), HV, K, V) * 0.1
+    cu_cpu = torch.tensor([0, *torch.tensor(p["lengths"]).cumsum(0).tolist()], dtype=torch.int32)
+    x = dict(q=q, k=k, v=v, g=g, beta=beta, initial_state=h0)
+    if p["varlen"]:
+        x.update(cu_seqlens=cu_cpu.cuda(), cu_seqlens_cpu=cu_cpu)
+    return x
+
+
+def _ours(case, x):
+    import tilela
+
+    o, _ = tilela.chunk_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["initial_state"],
+                                         output_final_state=True, cu_seqlens=x.get("cu_seqlens"),
+                                         cu_seqlens_cpu=x.get("cu_seqlens_cpu"))
+    return o
+
+
+def _fla(case, x):
+    fla = _try_import("fla.ops.gated_delta_rule")
+    if fla is None:
+        return None
+    cu, cu_cpu = x.get("cu_seqlens"), x.get("cu_seqlens_cpu")
+    o, _ = fla.chunk_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["initial_state"],
+                                      output_final_state=True, cu_seqlens=None if cu is None else cu.long(),
+                                      cu_seqlens_cpu=None if cu_cpu is None else cu_cpu.long())
+    return o
+
+
+def _flash_qla(case, x):
+    qla = _try_import("flash_qla")
+    if qla is None:
+        return None
+    cu = x.get("cu_seqlens")
+    o, _ = qla.chunk_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["initial_state"],
+                                      output_final_state=True, cu_seqlens=None if cu is None else cu.long())
+    return o
+
+
+def _reference(case, x):
+    o, _ = reference.chunked(x["q"], x["k"], x["v"], g=x["g"], beta=x["beta"], initial_state=x["initial_state"],
+                             cu_seqlens=x.get("cu_seqlens_cpu"))
+    return o
+
+
+def cost(case):
+    p = case.params
+    H, HV, K, V, C = p["H"], p["HV"], p["K"], p["V"], CHUNK
+    T, N = sum(p["lengths"]), len(p["lengths"])
+    n_chunks = sum(-(-L // C) for L in p["lengths"])
+    nbytes = 2 * T * H * K * 2 + 2 * T * HV * V * 2 + 2 * T * HV * 4 + 2 * N * HV * K * V * 4
+    per_chunk = 2 * C * K * V * 3 + 2 * C * C * (2 * V + K)
+    flops = n_chunks * (HV * per_chunk + H * 2 * C * C * K)
+    return {"bytes": nbytes, "flops": flops}
+
+
+BENCH = Bench(
+    op="gdn",
+    cases=cases,
+    check_cases=[_case((2, 8), "1x2048", "mixed", (2048,)), _case((2, 6), "300+1+77+64", "decay", (300, 1, 77, 64))],
+    make_inputs=make_inputs,
+    impls={"tilela": _ours, "fla": _fla, "flash_qla": _flash_qla},
+    reference=_reference,
+    cost=cost,
+)

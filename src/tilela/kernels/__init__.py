@@ -1,0 +1,48 @@
+"""TileLang kernels: what every kernel builder shares.
+
+TARGET / PASS_CONFIGS: how every kernel is compiled (sm_90a; no automatic warp specialisation, since our kernels
+are latency bound and want several small CTAs per SM rather than a producer warpgroup; fast math for exp2).
+
+locate_tile: the varlen schedule without host synchronisation. Tile slot s of a grid of floor(T / 64) + N slots
+belongs to the last sequence n with floor(cu[n] / 64) + n <= s and starts at cu[n] + 64 (s - floor(cu[n] / 64) - n).
+The map n -> floor(cu[n] / 64) + n is strictly increasing and leaves room for ceil(len_n / 64) tiles between
+consecutive sequences (floor(a / 64) + ceil(l / 64) <= floor((a + l) / 64) + 1), so every tile of every sequence
+has exactly one slot; the surplus slots find start >= end and exit. The dense [B, T] layout (flattened to one row of
+B * T tokens) is dense_len = T: slot s is tile s % ceil(T / 64) of batch row s // ceil(T / 64).
+"""
+
+import tilelang.language as T
+from tilelang import tvm
+
+TILE = 64  # tokens per CTA tile
+
+PASS_CONFIGS = {
+    "tl.disable_warp_specialized": True,
+    "tl.enable_fast_math": True,
+}
+
+
+def target():
+    return tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
+
+
+@T.macro
+def locate_tile(slot, cu_seqlens, num_bounds, dense_len, search_steps, bounds):
+    """bounds (T.alloc_local((2,), "int32")) <- [start, end): the tile's first token and its sequence's end."""
+    if dense_len > 0:
+        tiles = T.ceildiv(dense_len, TILE)
+        bounds[0] = (slot // tiles) * dense_len + (slot % tiles) * TILE
+        bounds[1] = (slot // tiles + 1) * dense_len
+    else:
+        lo = T.alloc_var("int32")
+        hi = T.alloc_var("int32")
+        lo = 0
+        hi = num_bounds - 1
+        for _ in T.serial(search_steps):  # bit_length(N) halvings of [0, N)
+            mid = (lo + hi) // 2
+            if cu_seqlens[mid] // TILE + mid <= slot:
+                lo = mid
+            else:
+                hi = mid
+        bounds[0] = cu_seqlens[lo] + (slot - cu_seqlens[lo] // TILE - lo) * TILE
+        bounds[1] = cu_seqlens[lo + 1]

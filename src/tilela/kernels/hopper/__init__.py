@@ -1,0 +1,104 @@
+"""Launchers of the Hopper (sm_90a) kernels: allocate outputs, pick the compiled kernel, launch.
+
+Inputs are validated once by tilela.ops; nothing is re-checked here. Nothing synchronises with the host: the
+varlen tile schedule is found on the device (kernels.locate_tile) from sizes known on the host (T, N). Compiled
+kernels are cached per static configuration only (chunk, method, dtypes, gate, value heads per pass); token
+counts, head counts, K and varlen layouts are symbolic, so a new shape never recompiles.
+"""
+
+import functools
+
+import torch
+
+try:  # the kernel modules import tilelang; without it available() is False and nothing here runs
+    from .. import PASS_CONFIGS, TILE, target
+    from .cumsum import chunk_local_cumsum_kernel
+    from .kkt_solve import kkt_solve_kernel  # (before `def kkt_solve` below, which then owns the name)
+except ImportError:
+    chunk_local_cumsum_kernel = kkt_solve_kernel = None
+
+DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
+
+# The static configurations we ship (each one compiled by tests/test_compile.py):
+#   chunk_local_cumsum_kernel(chunk, g dtype)
+#   kkt_solve_kernel(chunk, method, k dtype, gated, value heads per pass); "blocked" at chunk 16 is the plain
+#   in-place forward substitution of the 16x16 block (no coupling level)
+CUMSUM_CONFIGS = [(C, d) for C in (16, 32, 64) for d in ("float32", "bfloat16", "float16")]
+KKT_METHODS = [(16, "blocked"), (32, "blocked"), (64, "blocked"), (16, "neumann"), (32, "neumann"), (64, "neumann")]
+KKT_CONFIGS = [
+    (C, m, d, gated, pair)
+    for C, m in KKT_METHODS
+    for d in ("bfloat16", "float16")
+    for gated in (False, True)
+    for pair in (1, 2)
+]
+
+
+def available(*tensors: torch.Tensor) -> bool:
+    """True when every tensor is on a CUDA device of compute capability 9.0 and TileLang imports."""
+    if kkt_solve_kernel is None or not tensors or not all(t.is_cuda for t in tensors):
+        return False
+    return all(torch.cuda.get_device_capability(t.device) == (9, 0) for t in tensors)
+
+
+@functools.lru_cache(maxsize=None)
+def compiled(builder, *static):
+    """The JIT kernel of builder(*static), compiled for sm_90a once per process (and cached on disk by TileLang)."""
+    import tilelang
+
+    return tilelang.compile(builder(*static), target=target(), pass_configs=PASS_CONFIGS, execution_backend="tvm_ffi")
+
+
+@functools.lru_cache(maxsize=None)
+def _placeholder(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """A one-element tensor standing in for an absent optional input (cu_seqlens of a dense batch, no gate)."""
+    return torch.zeros(1, device=device, dtype=dtype)
+
+
+def _schedule(x: torch.Tensor, cu_seqlens: torch.Tensor | None):
+    """(cu_seqlens int32, num_slots, dense_len, search_steps) for a [B, T, ...] input; host sizes only."""
+    B, Tn = x.shape[:2]
+    if cu_seqlens is None:
+        return _placeholder(x.device, torch.int32), B * -(-Tn // TILE), Tn, 0
+    N = cu_seqlens.numel() - 1
+    return cu_seqlens.to(torch.int32), Tn // TILE + N, 0, N.bit_length()
+
+
+def chunk_local_cumsum(
+    g: torch.Tensor, chunk_size: int = 64, cu_seqlens: torch.Tensor | None = None, scale: float | None = None
+) -> torch.Tensor:
+    """Chunk-local cumsum of g ([B,T,H] or [B,T,H,K]) in float32, optionally times `scale`."""
+    B, Tn = g.shape[:2]
+    gc = torch.empty(g.shape, device=g.device, dtype=torch.float32)
+    cu, num_slots, dense_len, steps = _schedule(g, cu_seqlens)
+    if num_slots == 0 or g.numel() == 0:
+        return gc
+    kernel = compiled(chunk_local_cumsum_kernel, chunk_size, DTYPES[g.dtype])
+    kernel(g.reshape(1, B * Tn, -1), cu, gc.view(1, B * Tn, -1), 1.0 if scale is None else float(scale),
+           num_slots, dense_len, steps)
+    return gc
+
+
+def kkt_solve(
+    k: torch.Tensor,
+    beta: torch.Tensor,
+    g: torch.Tensor | None = None,
+    chunk_size: int = 64,
+    cu_seqlens: torch.Tensor | None = None,
+    method: str = "blocked",
+) -> torch.Tensor:
+    """A = (I + strictLower(diag(beta) (Gamma ⊙ K K^T)))^-1 per chunk, [B,T,HV,C] in k's dtype.
+
+    k [B,T,H,K] (K a multiple of 64), beta [B,T,HV], g [B,T,HV] the chunk-local cumsum (natural log) or None."""
+    B, Tn, H, K = k.shape
+    HV = beta.shape[2]
+    A = torch.empty(B, Tn, HV, chunk_size, device=k.device, dtype=k.dtype)
+    cu, num_slots, dense_len, steps = _schedule(k, cu_seqlens)
+    if num_slots == 0:
+        return A
+    pair = 2 if (HV // H) % 2 == 0 else 1
+    kernel = compiled(kkt_solve_kernel, chunk_size, method, DTYPES[k.dtype], g is not None, pair)
+    gate = _placeholder(k.device, torch.float32).view(1, 1, 1) if g is None else g.reshape(1, B * Tn, HV)
+    kernel(k.reshape(1, B * Tn, H, K), beta.reshape(1, B * Tn, HV).float(), gate.float(), cu,
+           A.view(1, B * Tn, HV, chunk_size), HV // H, num_slots, dense_len, steps)
+    return A

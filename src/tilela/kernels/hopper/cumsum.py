@@ -1,0 +1,49 @@
+"""chunk_local_cumsum on Hopper: the chunk-local prefix sum of the log gate.
+
+    gc_t = scale * sum_{s = c(t)}^{t} g_s,    c(t) = first token of t's chunk (chunks of C from each sequence start)
+
+Mirrors reference.cumsum.chunk_local_cumsum. The gate is viewed as [1, T, W] with W = H (scalar gate) or H * K
+(per-channel gate): one thread per column walks the 64 tokens of a tile in order (consecutive threads read
+consecutive columns, so every row is one coalesced transaction), restarting the float32 sum at each chunk start.
+Tiles come from kernels.locate_tile (varlen without host synchronisation); chunks of C <= 64 align with tiles
+because both count from the sequence start.
+"""
+
+import tilelang.language as T
+
+from .. import TILE, locate_tile
+
+COLUMNS = 128  # columns (threads) per CTA
+
+
+def chunk_local_cumsum_kernel(chunk: int, dtype: str) -> T.PrimFunc:
+    """Build the prim_func for static (chunk, input dtype); tokens, columns and sequences are symbolic."""
+    num_tokens, W, num_bounds = T.dynamic("num_tokens"), T.dynamic("W"), T.dynamic("num_bounds")
+
+    @T.prim_func
+    def chunk_local_cumsum(
+        g: T.Tensor((1, num_tokens, W), dtype),
+        cu_seqlens: T.Tensor((num_bounds,), "int32"),
+        gc: T.Tensor((1, num_tokens, W), "float32"),
+        scale: T.float32,
+        num_slots: T.int32,
+        dense_len: T.int32,
+        search_steps: T.int32,
+    ):
+        with T.Kernel(num_slots, T.ceildiv(W, COLUMNS), threads=COLUMNS) as (slot, cb):
+            bounds = T.alloc_local((2,), "int32")
+            locate_tile(slot, cu_seqlens, num_bounds, dense_len, search_steps, bounds)
+            start = bounds[0]
+            end = bounds[1]
+            col = cb * COLUMNS + T.get_thread_binding()
+            acc = T.alloc_var("float32")
+            if start < end and col < W:
+                acc = 0.0
+                for i in T.unroll(TILE):
+                    if start + i < end:
+                        if i % chunk == 0:
+                            acc = 0.0
+                        acc += T.cast(g[0, start + i, col], "float32")
+                        gc[0, start + i, col] = acc * scale
+
+    return chunk_local_cumsum

@@ -1,0 +1,233 @@
+"""kkt_solve on Hopper: the materialised UT-transform matrix of every chunk.
+
+    A = (I + L)^-1,   L = strictLower(diag(beta) (Gamma ⊙ K K^T)),   Gamma_ij = exp(g_i - g_j)
+
+per chunk of C in {16, 32, 64} tokens (g: the chunk-local cumsum, so i > j gives an exponent <= 0; no gate:
+Gamma = 1). Mirrors reference.kkt.kkt_solve with reference.inverse.blocked_inverse ("blocked") or the same
+recursion over reference.inverse.neumann_inverse_16 ("neumann"); seeds 000 (blocked recursion) and 003
+(Neumann 16x16).
+
+One CTA owns a 64-row tile of one sequence and one q/k head: K K^T is formed once (bf16/fp16 wgmma, fp32
+accumulator), its ten lower 16x16 blocks are kept in shared memory, and the head's G value heads are processed
+P at a time from them (P = 2 when G is even: the forward substitution then keeps all 128 threads busy). A tile
+holds 64 / C independent chunks, so the tile matrix is block diagonal with C x C blocks, each inverted by the
+recursion of seed 000:
+
+  level 0   the four 16x16 diagonal blocks X_b = L_bb^-1, either by in-place forward substitution with the
+            row backup (blocked) or by (I+L)^-1 = (I-L)(I+L^2)(I+L^4)(I+L^8) with fp16 GEMM operands and the
+            four blocks batched into one 64x16 @ 16x64 product whose diagonal blocks are kept (neumann);
+  level 1   C >= 32: the 16x16 coupling -X_1 L_10 X_0 of each 32 half, two SIMT GEMMs on -L_10 (negated at
+            extraction) with the intermediate stored transposed between them;
+  level 2   C == 64: the 32x32 coupling -X_11 M_10 X_00, two tensor-core GEMMs (fp16 operands: the 11-bit
+            mantissa of tf32; fp32 accumulation).
+
+The 16x16 blocks live in (n, 17, 16) fp32 shared buffers with a linear layout (the 17-row stride puts two
+neighbouring blocks half a bank row apart). The output is staged in the shared memory of the K slice, dead
+after the GEMM, and leaves as 16-byte row stores of the live rows and value heads. Varlen needs no host synchronisation: tile slot s belongs to the
+last sequence n with floor(cu[n] / 64) + n <= s (a binary search over cu_seqlens); the grid is an upper bound
+(floor(T / 64) + N slots) whose surplus slots exit. The dense [B, T] layout is the special case dense_len = T.
+Rows past a sequence end are masked (select, not multiply) so any finite or zero padding leaves rows < len exact.
+"""
+
+import tilelang
+import tilelang.language as T
+
+from .. import TILE, locate_tile
+
+BLOCK = 16  # diagonal block size of the recursion
+KSTEP = 128  # K columns per GEMM step (one step for K <= 128)
+THREADS = 128
+LOG2E = 1.4426950408889634
+ACC = "float32"
+MIN_BLOCKS = 4  # caps registers at 128 per thread: four CTAs per SM (shared memory allows it too)
+
+
+def kkt_solve_kernel(chunk: int, method: str, dtype: str, gated: bool, pair: int) -> T.PrimFunc:
+    """Build the prim_func for static (chunk, method, dtype, gated, pair); every size (tokens, heads, K,
+    sequences) is symbolic, so a new T, head count or varlen layout reuses the compiled kernel."""
+    C, P = chunk, pair
+    NB = TILE // BLOCK  # diagonal 16x16 blocks per tile
+    num_tokens, H, HV = T.dynamic("num_tokens"), T.dynamic("H"), T.dynamic("HV")  # HV = G * H
+    K = T.dynamic("KB") * 64  # K a multiple of 64: column bounds checks are uniform over 16-byte vectors
+    num_bounds = T.dynamic("num_bounds")  # N + 1
+    g_tokens, g_heads = T.dynamic("g_tokens"), T.dynamic("g_heads")  # (1, 1) dummy when ungated
+
+    @T.macro
+    def scaled(KKs, beta_s, g_s, rows, p, bi, bj, r, c):
+        """L_ij = beta_i (K K^T)_ij exp(g_i - g_j) of head p, i = 16 bi + r > j = 16 bj + c in one chunk; 0 for
+        rows past the sequence end (selected, not multiplied: their exponent is unbounded)."""
+        i = bi * BLOCK + r
+        v = beta_s[p, i] * KKs[bi * (bi + 1) // 2 + bj, r, c]
+        if gated:
+            v = v * T.exp2(g_s[p, i] - g_s[p, bj * BLOCK + c])
+        return T.if_then_else(i < rows, v, 0.0)
+
+    @T.macro
+    def neumann_blocks(p, Xd, Q_a, Q_b, X_a, F):
+        """Xd[p*NB + b] <- (I + L_b)^-1 for the NB diagonal blocks of head p (Xd holds I + L_b on entry).
+
+        (I + L)^-1 = (I - L)(I + L^2)(I + L^4)(I + L^8) since L^16 = 0. The NB blocks go through each product
+        together: stacked 64x16 (A operand) times side by side 16x64 (B operand), of which the diagonal 16x16
+        blocks are the NB block products. Operands fp16, accumulation fp32; Xd keeps X in fp32."""
+        for i, j in T.Parallel(TILE, BLOCK):
+            eye = T.if_then_else(i % BLOCK == j, 1.0, 0.0)
+            Q_a[p, i, j] = Xd[p * NB + i // BLOCK, i % BLOCK, j] - eye
+            Q_b[p, i % BLOCK, (i // BLOCK) * BLOCK + j] = Xd[p * NB + i // BLOCK, i % BLOCK, j] - eye
+            X_a[p, i, j] = 2.0 * eye - Xd[p * NB + i // BLOCK, i % BLOCK, j]
+            Xd[p * NB + i // BLOCK, i % BLOCK, j] = 2.0 * eye - Xd[p * NB + i // BLOCK, i % BLOCK, j]
+        for level in T.unroll(6):  # Q1 = L^2, X1 = X0 (I + Q1), Q2, X2, Q3, X3
+            if level % 2 == 0:
+                T.gemm(Q_a[p, :, :], Q_b[p, :, :], F, clear_accum=True)
+                for i, j in T.Parallel(TILE, TILE):
+                    if i // BLOCK == j // BLOCK:
+                        Q_a[p, i, j % BLOCK] = F[i, j]
+                        Q_b[p, i % BLOCK, j] = F[i, j]
+            else:
+                T.gemm(X_a[p, :, :], Q_b[p, :, :], F, clear_accum=True)
+                for i, j in T.Parallel(TILE, TILE):
+                    if i // BLOCK == j // BLOCK:
+                        Xd[p * NB + i // BLOCK, i % BLOCK, j % BLOCK] += F[i, j]
+                        X_a[p, i, j % BLOCK] = Xd[p * NB + i // BLOCK, i % BLOCK, j % BLOCK]
+
+    @T.prim_func
+    def kkt_solve(
+        k: T.Tensor((1, num_tokens, H, K), dtype),
+        beta: T.Tensor((1, num_tokens, HV), ACC),
+        g: T.Tensor((1, g_tokens, g_heads), ACC),
+        cu_seqlens: T.Tensor((num_bounds,), "int32"),
+        A: T.Tensor((1, num_tokens, HV, C), dtype),
+        G: T.int32,
+        num_slots: T.int32,
+        dense_len: T.int32,
+        search_steps: T.int32,
+    ):
+        with T.Kernel(num_slots, H, threads=THREADS) as (slot, hk):
+            tx = T.get_thread_binding()
+            T.annotate_min_blocks_per_sm(MIN_BLOCKS)
+            bounds = T.alloc_local((2,), "int32")
+            locate_tile(slot, cu_seqlens, num_bounds, dense_len, search_steps, bounds)
+            start = bounds[0]
+            end = bounds[1]
+
+            if start < end:
+                rows = T.min(end - start, TILE)
+                k_s = T.alloc_shared((TILE, KSTEP), dtype)  # K slice; later the output staging (same bytes)
+                out_s = T.view(k_s, (TILE, KSTEP // C, C), dtype)
+                KK = T.alloc_fragment((TILE, TILE), ACC)
+                KKs = T.alloc_shared((NB * (NB + 1) // 2, BLOCK + 1, BLOCK), ACC)  # lower 16x16 blocks of K K^T
+                beta_s = T.alloc_shared((P, TILE), ACC)
+                g_s = T.alloc_shared((P, TILE), ACC)
+                Xd = T.alloc_shared((P * NB, BLOCK + 1, BLOCK), ACC)  # I + L_bb, inverted in place
+                Lo = T.alloc_shared((P * NB // 2, BLOCK + 1, BLOCK), ACC)  # -L_10 of each 32 half, then X_10
+                row = T.alloc_local((BLOCK,), ACC)
+                dot = T.alloc_var(ACC)
+                T16 = T.alloc_fragment((P * NB // 2, BLOCK, BLOCK), ACC)
+                T.annotate_layout(
+                    {
+                        KKs: tilelang.layout.make_linear_layout(KKs),
+                        Xd: tilelang.layout.make_linear_layout(Xd),
+                        Lo: tilelang.layout.make_linear_layout(Lo),
+                    }
+                )
+                if C == 64:  # 32x32 operands of level 2 in fp16 (the 11-bit mantissa of tf32)
+                    M10 = T.alloc_shared((P, 32, 32), "float16")  # -M_10, then -X_11 M_10
+                    X00 = T.alloc_shared((P, 32, 32), "float16")
+                    X11 = T.alloc_shared((P, 32, 32), "float16")
+                    F32 = T.alloc_fragment((32, 32), ACC)
+                if method == "neumann":
+                    Q_a = T.alloc_shared((P, TILE, BLOCK), "float16")
+                    Q_b = T.alloc_shared((P, BLOCK, TILE), "float16")
+                    X_a = T.alloc_shared((P, TILE, BLOCK), "float16")
+                    F = T.alloc_fragment((TILE, TILE), ACC)
+
+                # K K^T of the tile, shared by the G value heads of q/k head hk; its lower blocks go to shared
+                T.clear(KK)
+                for kb in T.serial(T.ceildiv(K, KSTEP)):
+                    T.copy(k[0, start:start + TILE, hk, kb * KSTEP:(kb + 1) * KSTEP], k_s)
+                    T.gemm(k_s, k_s, KK, transpose_B=True)
+                for i, j in T.Parallel(TILE, TILE):
+                    if i // BLOCK >= j // BLOCK:
+                        KKs[(i // BLOCK) * (i // BLOCK + 1) // 2 + j // BLOCK, i % BLOCK, j % BLOCK] = KK[i, j]
+
+                for grp in T.serial(T.ceildiv(G, P)):
+                    hv0 = hk * G + grp * P
+                    for p, i in T.Parallel(P, TILE):
+                        live = (i < rows) and (grp * P + p < G)
+                        beta_s[p, i] = T.if_then_else(live, beta[0, start + i, hv0 + p], 0.0)
+                        if gated:
+                            g_s[p, i] = T.if_then_else(live, g[0, start + i, hv0 + p] * LOG2E, 0.0)
+
+                    # extraction: I + L on the diagonal blocks, -L_10 and -M_10 off them (L_ij, i > j, same chunk)
+                    for p, b, r, c in T.Parallel(P, NB, BLOCK, BLOCK):
+                        Xd[p * NB + b, r, c] = T.if_then_else(
+                            r == c, 1.0, T.if_then_else(c < r, scaled(KKs, beta_s, g_s, rows, p, b, b, r, c), 0.0))
+                    if C >= 32:
+                        for p, h, r, c in T.Parallel(P, NB // 2, BLOCK, BLOCK):
+                            Lo[p * 2 + h, r, c] = -scaled(KKs, beta_s, g_s, rows, p, 2 * h + 1, 2 * h, r, c)
+                    if C == 64:
+                        for p, r, c in T.Parallel(P, 32, 32):
+                            M10[p, r, c] = -scaled(KKs, beta_s, g_s, rows, p, 2 + r // BLOCK, c // BLOCK, r % BLOCK,
+                                                   c % BLOCK)
+
+                    # level 0: the P * NB diagonal 16x16 blocks
+                    if method == "blocked":
+                        # lane (b, t) owns column t of block b: 16 lanes per block, two blocks per warp
+                        b = (tx // BLOCK) % (P * NB)
+                        t = tx % BLOCK
+                        for r in T.unroll(1, BLOCK):
+                            for m in T.unroll(r):
+                                row[m] = Xd[b, r, m]  # row backup: L[r, :r] before it is overwritten
+                            dot = 0.0
+                            for m in T.unroll(r):
+                                dot -= Xd[b, m, t] * row[m]
+                            if t < r and tx < P * NB * BLOCK:
+                                Xd[b, r, t] = dot
+                    else:
+                        for p in T.unroll(P):
+                            neumann_blocks(p, Xd, Q_a, Q_b, X_a, F)
+
+                    # level 1: X_10 = -X_1 L_10 X_0 in each 32 half, into Lo
+                    if C >= 32:
+                        T.clear(T16)
+                        for m in T.unroll(BLOCK):
+                            for q, s, t in T.Parallel(P * NB // 2, BLOCK, BLOCK):
+                                T16[q, s, t] += Xd[2 * q + 1, s, m] * Lo[q, m, t]
+                        for q, s, t in T.Parallel(P * NB // 2, BLOCK, BLOCK):
+                            Lo[q, t, s] = T16[q, s, t]  # transposed: the next product reads it along rows
+                        T.clear(T16)
+                        for m in T.unroll(BLOCK):
+                            for q, s, t in T.Parallel(P * NB // 2, BLOCK, BLOCK):
+                                T16[q, s, t] += Lo[q, m, s] * Xd[2 * q, m, t]
+                        for q, s, t in T.Parallel(P * NB // 2, BLOCK, BLOCK):
+                            Lo[q, s, t] = T16[q, s, t]
+
+                    # assemble the block-diagonal inverse; row i keeps the C columns of its own chunk
+                    T.clear(out_s)
+                    for p, b, r, c in T.Parallel(P, NB, BLOCK, BLOCK):
+                        out_s[b * BLOCK + r, p, (b * BLOCK) % C + c] = Xd[p * NB + b, r, c]
+                    if C >= 32:
+                        for p, h, r, c in T.Parallel(P, NB // 2, BLOCK, BLOCK):
+                            out_s[h * 32 + BLOCK + r, p, (h * 32) % C + c] = Lo[p * 2 + h, r, c]
+
+                    # level 2: X_10 = -X_11 M_10 X_00 between the two 32 halves
+                    if C == 64:
+                        for p, h, i, j in T.Parallel(P, 2, 32, 32):
+                            Xh = T.if_then_else(
+                                i // BLOCK == j // BLOCK, Xd[p * NB + 2 * h + i // BLOCK, i % BLOCK, j % BLOCK],
+                                T.if_then_else(i > j, Lo[p * 2 + h, i % BLOCK, j], 0.0))
+                            if h == 0:
+                                X00[p, i, j] = Xh
+                            else:
+                                X11[p, i, j] = Xh
+                        for p in T.unroll(P):
+                            T.gemm(X11[p, :, :], M10[p, :, :], F32, clear_accum=True)
+                            T.copy(F32, M10[p, :, :])
+                            T.gemm(M10[p, :, :], X00[p, :, :], F32, clear_accum=True)
+                            T.copy(F32, out_s[32:64, p, 0:32])
+
+                    # write back the rows of this sequence, for the live value heads
+                    for i, p, j in T.Parallel(TILE, P, C):
+                        if i < rows and grp * P + p < G:
+                            A[0, start + i, hv0 + p, j] = out_s[i, p, j]
+
+    return kkt_solve

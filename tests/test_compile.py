@@ -1,0 +1,56 @@
+"""Every shipped chunk_local_cumsum / kkt_solve configuration lowers and nvcc-compiles for sm_90a (no GPU needed).
+
+Sizes (tokens, heads, K, sequences) are symbolic in both kernels, so the static configurations listed in
+tilela.kernels.hopper are the whole set: K = 64, 128, 256 and every head count share one compiled kernel.
+The configurations are compiled once, in parallel over the machine's cores, and each test checks its own.
+"""
+
+import os
+import shutil
+from concurrent.futures import ProcessPoolExecutor
+
+import pytest
+
+tilelang = pytest.importorskip("tilelang")
+
+from tilela.kernels import hopper  # noqa: E402
+
+pytestmark = [
+    pytest.mark.compile,
+    pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found"),
+]
+
+CASES = [("cumsum", c) for c in hopper.CUMSUM_CONFIGS] + [("kkt_solve", c) for c in hopper.KKT_CONFIGS]
+
+
+def _lower(case):
+    """CUDA source of one configuration, lowered with the target pinned to sm_90a and compiled by nvcc (an nvcc
+    error raises)."""
+    from tilelang import tvm
+
+    from tilela.kernels import PASS_CONFIGS, target
+    from tilela.kernels.hopper.cumsum import chunk_local_cumsum_kernel
+    from tilela.kernels.hopper.kkt_solve import kkt_solve_kernel
+
+    kind, static = case
+    builder = chunk_local_cumsum_kernel if kind == "cumsum" else kkt_solve_kernel
+    tgt = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
+    assert str(tgt) == str(target())
+    with tvm.transform.PassContext(opt_level=3, config=PASS_CONFIGS), tgt:
+        artifact = tilelang.lower(builder(*static), target=tgt, enable_device_compile=True)
+    return artifact.kernel_source
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    with ProcessPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        return dict(zip(CASES, pool.map(_lower, CASES)))
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{k}-{'-'.join(map(str, c))}" for k, c in CASES])
+def test_compiles_for_sm90a(compiled, case):
+    source = compiled[case]
+    assert "__global__" in source
+    if case[0] == "kkt_solve":
+        assert "wgmma" in source  # K K^T on the tensor cores
+        assert "__launch_bounds__(128, 4)" in source

@@ -1,0 +1,83 @@
+"""Every ladder level's state/output kernel (chunk_fwd: gate x update rule, GDN included) and the level-1
+sequence-in-grid kernel lower and nvcc-compile for sm_90a (no GPU needed), with the tile configuration the
+launchers use, in bf16 and fp16, K = V in {64, 128} (GDN also 256).  The varlen / initial-state / final-state
+switches rotate over the cases.  Configurations are compiled once, in parallel over the machine's cores."""
+
+import os
+import shutil
+from concurrent.futures import ProcessPoolExecutor
+
+import pytest
+
+tilelang = pytest.importorskip("tilelang")
+
+pytestmark = [
+    pytest.mark.compile,
+    pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found"),
+]
+
+SMEM_LIMIT = 227 * 1024  # opt-in dynamic shared memory per CTA on sm_90
+FLAGS = [(True, True, True), (False, False, True), (True, False, False), (False, True, False)]
+
+# (kind, gate, delta, K, dtype, beta dtype, (is_varlen, use_initial_state, store_final_state))
+LEVELS = [
+    ("chunk_fwd", "none", False),  # 1 linear_attn
+    ("chunk_fwd", "scalar", False),  # 2 simple_gla
+    ("chunk_fwd", "channel", False),  # 3 gla
+    ("chunk_fwd", "none", True),  # 4 delta_rule
+    ("chunk_fwd", "scalar", True),  # GDN
+    ("seq_in_grid", "none", False),  # 1 linear_attn, sequence in the grid
+]
+CASES = [
+    (kind, gate, delta, K, dtype, "float32" if delta else None, FLAGS[(n + 2 * m) % len(FLAGS)])
+    for n, (kind, gate, delta) in enumerate(LEVELS)
+    for m, (K, dtype) in enumerate([(64, "bfloat16"), (128, "bfloat16"), (64, "float16"), (128, "float16")])
+] + [
+    ("chunk_fwd", "scalar", True, 128, "float16", "float16", FLAGS[0]),  # GDN with a half-precision beta
+    ("chunk_fwd", "scalar", True, 256, "bfloat16", "float32", FLAGS[0]),
+    ("chunk_fwd", "scalar", True, 256, "float16", "float32", FLAGS[1]),
+    ("chunk_fwd", "channel", True, 128, "bfloat16", "float32", FLAGS[0]),  # KDA
+    ("chunk_fwd", "channel", True, 64, "float16", "float32", FLAGS[3]),
+    ("chunk_fwd", "channel", True, 128, "float16", "float32", FLAGS[1]),
+]
+
+
+def _lower(case):
+    """(CUDA source, dynamic shared memory bytes) of one configuration; nvcc compiles it (an error raises)."""
+    from tilelang import tvm
+
+    from tilela.kernels.hopper.chunk_fwd import chunk_fwd_kernel, default_config
+    from tilela.kernels.hopper.linear_attn_seq_in_grid import linear_attn_seq_in_grid_kernel
+
+    kind, gate, delta, K, dtype, beta_dtype, flags = case
+    H, HV = 2, 4
+    if kind == "chunk_fwd":
+        func = chunk_fwd_kernel(K, K, K**-0.5, gate, delta, dtype, beta_dtype or "float32", *flags,
+                                *default_config(K, gate, delta, dtype))
+    else:
+        func = linear_attn_seq_in_grid_kernel(H, HV, K, K, K**-0.5, dtype, *flags)
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
+    with tvm.transform.PassContext(config={tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True}), target:
+        artifact = tilelang.lower(func, target=target, enable_device_compile=True)
+    (device_func,) = artifact.device_mod.functions.values()
+    return artifact.kernel_source, int(device_func.attrs["dyn_shared_memory_buf"])
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    with ProcessPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        return dict(zip(CASES, pool.map(_lower, CASES)))
+
+
+def _case_id(case):
+    kind, gate, delta, K, dtype, beta_dtype, flags = case
+    rule = "delta" if delta else "plain"
+    switches = "-".join(name for name, on in zip(("varlen", "h0", "ht"), flags) if on) or "dense"
+    return f"{kind}-{gate}-{rule}-K{K}-{dtype}-{beta_dtype or 'nobeta'}-{switches}"
+
+
+@pytest.mark.parametrize("case", CASES, ids=[_case_id(c) for c in CASES])
+def test_compiles_for_sm90a(compiled, case):
+    source, smem = compiled[case]
+    assert "wgmma" in source  # the input-dtype GEMMs on Hopper's warpgroup tensor-core instructions
+    assert smem <= SMEM_LIMIT, f"{smem} bytes of shared memory"

@@ -1,0 +1,170 @@
+"""chunk_local_cumsum and kkt_solve kernels on a Hopper GPU against the float64 reference stack.
+
+Realistic inputs (l2-normalised k, beta in (0, 1), gates from none to strong decay), dense batches and varlen
+layouts with short tails and length-1 sequences, GVA ratios 1 to 4 (odd ratios take the one-head-per-pass
+kernel), K = 64 / 128 / 256; plus the two degenerate checks of seed 000 §4: beta = 0 gives I, and a matrix whose
+only non-zero off-diagonal block is L_10 (or M_10) gives exactly -L_10 there.
+"""
+
+import math
+
+import pytest
+import torch
+
+from tilela import reference
+
+pytestmark = pytest.mark.gpu
+
+if not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)):
+    pytest.skip("needs a Hopper (sm_90) GPU", allow_module_level=True)
+
+from tilela.kernels.hopper import KKT_METHODS, chunk_local_cumsum, kkt_solve  # noqa: E402
+
+DEV = "cuda"
+# rel L2 of A - I vs float64 (the exact diagonal would hide errors): output rounding alone gives 1.7e-3 (bf16)
+# and 2e-4 (fp16); tf32 coupling products and the fp16 Neumann operands add a few 1e-4.
+TOL = {torch.bfloat16: 4e-3, torch.float16: 1.5e-3}
+
+
+def rel_l2(x, ref):
+    x, ref = x.double().cpu(), ref.double().cpu()
+    return ((x - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def chunk_identity(B, T, HV, C, cu):
+    """The identity of every chunk in kkt_solve's [B, T, HV, C] layout."""
+    eye = torch.zeros(B, T, HV, C, dtype=torch.float64)
+    bounds = [(b, 0, T) for b in range(B)] if cu is None else [(0, s, e) for s, e in zip(cu[:-1].tolist(), cu[1:].tolist())]
+    for b, bos, eos in bounds:
+        for t in range(bos, eos):
+            eye[b, t, :, (t - bos) % C] = 1
+    return eye
+
+
+def offdiag_err(A, ref, cu):
+    eye = chunk_identity(*ref.shape, cu)
+    return rel_l2(A.double().cpu() - eye, ref - eye)
+
+
+def layout(kind, gen):
+    """(B, T, cu_seqlens or None)."""
+    if kind == "dense":
+        return 2, 200, None
+    if kind == "single":
+        return 1, 1000, None
+    lengths = [1, 63, 64, 65, 1, 130, 7, 200, 1, 33]  # short tails and length-1 sequences
+    lengths += torch.randint(1, 300, (6,), generator=gen).tolist()
+    cu = torch.tensor([0] + lengths).cumsum(0)
+    return 1, int(cu[-1]), cu
+
+
+def raw_gate(B, T, HV, regime, gen):
+    if regime == "none":
+        return None
+    if regime == "strong":  # exponents far below float32's range inside a chunk
+        return torch.nn.functional.logsigmoid(torch.randn(B, T, HV, generator=gen) - 2) * 4
+    g = torch.nn.functional.logsigmoid(torch.randn(B, T, HV, generator=gen)) / 16
+    g[:, :, : max(HV // 4, 1)] = 0  # FlashQLA's benchmark gate: a quarter of the heads do not decay
+    return g
+
+
+def make_inputs(B, T, H, HV, K, dtype, gen):
+    k = torch.nn.functional.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1).to(dtype)
+    beta = torch.sigmoid(torch.randn(B, T, HV, generator=gen))
+    return k, beta
+
+
+@pytest.mark.parametrize("chunk", [16, 32, 64])
+@pytest.mark.parametrize("kind", ["dense", "varlen"])
+@pytest.mark.parametrize("channels", [None, 128])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_chunk_local_cumsum(chunk, kind, channels, dtype):
+    gen = torch.Generator().manual_seed(chunk + len(kind))
+    B, T, cu = layout(kind, gen)
+    shape = (B, T, 6) if channels is None else (B, T, 6, channels)
+    g = torch.nn.functional.logsigmoid(torch.randn(shape, generator=gen)).to(dtype)
+    for scale in (None, 1 / math.log(2)):
+        out = chunk_local_cumsum(g.to(DEV), chunk, None if cu is None else cu.to(DEV), scale)
+        ref = reference.chunk_local_cumsum(g, chunk, cu, scale)
+        assert out.dtype == torch.float32 and out.shape == g.shape
+        assert rel_l2(out, ref) < 1e-6
+
+
+# (H, HV, K): GVA 2 and 4 (two value heads per pass), 1 and 3 (one per pass), K = 64 / 128 / 256
+HEADS = [(2, 4, 128), (3, 3, 64), (1, 3, 256), (2, 8, 128)]
+KKT_CASES = [(c, m, gate, dtype, kind, HEADS[n % len(HEADS)])
+             for n, (c, m, gate, dtype, kind) in enumerate(
+                 (c, m, gate, dtype, kind) for c, m in KKT_METHODS for gate in ("none", "weak", "strong")
+                 for dtype in (torch.bfloat16, torch.float16) for kind in ("dense", "varlen"))]
+
+
+@pytest.mark.parametrize("chunk,method,gate,dtype,kind,heads", KKT_CASES)
+def test_kkt_solve(chunk, method, gate, dtype, kind, heads):
+    gen = torch.Generator().manual_seed(chunk * 7 + len(gate) + len(kind))
+    B, T, cu = layout(kind, gen)
+    H, HV, K = heads
+    k, beta = make_inputs(B, T, H, HV, K, dtype, gen)
+    g = raw_gate(B, T, HV, gate, gen)
+    gc = None if g is None else reference.chunk_local_cumsum(g, chunk, cu).float()
+    A = kkt_solve(k.to(DEV), beta.to(DEV), None if gc is None else gc.to(DEV), chunk,
+                  None if cu is None else cu.to(DEV), method)
+    ref = reference.kkt_solve(k, beta, gc, chunk, cu)
+    assert A.dtype == dtype and A.shape == (B, T, HV, chunk)
+    assert torch.isfinite(A).all()
+    assert offdiag_err(A, ref, cu) < TOL[dtype]
+
+
+def test_kkt_solve_large_matches_reference():
+    """A prefill-sized dense case: many tiles per head, GVA 2."""
+    gen = torch.Generator().manual_seed(3)
+    k, beta = make_inputs(1, 4096, 4, 8, 128, torch.bfloat16, gen)
+    gc = reference.chunk_local_cumsum(raw_gate(1, 4096, 8, "weak", gen), 64).float()
+    ref = reference.kkt_solve(k, beta, gc, 64)
+    for method in ("blocked", "neumann"):
+        A = kkt_solve(k.to(DEV), beta.to(DEV), gc.to(DEV), 64, None, method)
+        assert offdiag_err(A, ref, None) < TOL[torch.bfloat16]
+
+
+@pytest.mark.parametrize("chunk,method", KKT_METHODS)
+def test_kkt_solve_beta_zero_gives_identity(chunk, method):
+    gen = torch.Generator().manual_seed(1)
+    cu = torch.tensor([0, 5, 70, 71, 200])
+    k, _ = make_inputs(1, 200, 2, 4, 128, torch.bfloat16, gen)
+    A = kkt_solve(k.to(DEV), torch.zeros(1, 200, 4, device=DEV), None, chunk, cu.to(DEV), method).cpu()
+    assert torch.equal(A.double(), chunk_identity(1, 200, 4, chunk, cu))
+
+
+def _one_coupling_block(C, row_block, gen):
+    """k of one chunk whose K K^T is I on the 16x16 diagonal blocks and zero off them except block
+    (row_block, 0) = Q, a random orthogonal 16x16 matrix; every row of k is a unit vector."""
+    Q, _ = torch.linalg.qr(torch.randn(16, 16, generator=gen, dtype=torch.float64))
+    k = torch.zeros(C, 128, dtype=torch.float64)
+    free = 16  # basis vectors e_16.. for the blocks that must be orthogonal to everything else
+    for b in range(C // 16):
+        rows = slice(16 * b, 16 * b + 16)
+        if b == 0:
+            k[rows, :16] = torch.eye(16)
+        elif b == row_block:
+            k[rows, :16] = Q
+        else:
+            k[rows, free:free + 16] = torch.eye(16)
+            free += 16
+    return k, Q
+
+
+@pytest.mark.parametrize("chunk,method", [(c, m) for c, m in KKT_METHODS if c >= 32])
+@pytest.mark.parametrize("row_block", [1, 2])
+def test_kkt_solve_single_coupling_block_is_negated(chunk, method, row_block):
+    if row_block * 16 >= chunk:
+        pytest.skip("block outside the chunk")
+    gen = torch.Generator().manual_seed(2)
+    k, Q = _one_coupling_block(chunk, row_block, gen)
+    beta = torch.rand(1, chunk, 2, generator=gen) * 0.9 + 0.05
+    A = kkt_solve(k[None, :, None].to(torch.float16).to(DEV), beta.to(DEV), None, chunk, None, method)
+    A = A[0].double().cpu()  # [C, 2, C]
+    for h in range(2):
+        L = torch.zeros(chunk, chunk, dtype=torch.float64)
+        rows = slice(16 * row_block, 16 * row_block + 16)
+        L[rows, :16] = beta[0, rows, h, None].double() * Q  # the only non-zero block of L
+        expected = torch.eye(chunk, dtype=torch.float64) - L
+        assert (A[:, h] - expected).abs().max().item() < 2e-3

@@ -1,0 +1,116 @@
+"""Ladder kernels on a Hopper GPU against the float64 reference stack (layer B, reference.chunked): levels 1
+linear_attn (sequence in the loop, and the §4 sequence-in-grid kernel), 2 simple_gla, 3 gla, 4 delta_rule, and
+the per-channel delta rule (KDA) the same builder produces.
+
+The state/output kernel gets the chunk-local cumsum gc and A = kkt_solve(...) from the reference, rounded to the
+kernel's input types (gc fp32, A in q's dtype), so each test isolates the state/output pass.  Varlen layouts hold
+1-token sequences and lengths that are not multiples of 64; states enter and leave; bf16 and fp16, K = 64 and 128.
+Every (level, layout) job runs in its own spawned worker process, so the TileLang compiles (one per static
+configuration) run in parallel; the tests then check the collected errors.
+"""
+
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor
+
+import pytest
+import torch
+
+from tilela import reference
+
+pytestmark = pytest.mark.gpu
+
+if not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9):
+    pytest.skip("needs a Hopper GPU", allow_module_level=True)
+
+from tilela.kernels.hopper.chunk_fwd import chunk_forward  # noqa: E402
+from tilela.kernels.hopper.linear_attn_seq_in_grid import linear_attn_seq_in_grid  # noqa: E402
+
+TOL = 1e-2
+LEVELS = {  # name: (gate, delta rule)
+    "linear_attn": ("none", False),
+    "linear_attn_seq_in_grid": ("none", False),
+    "simple_gla": ("scalar", False),
+    "gla": ("channel", False),
+    "delta_rule": ("none", True),
+    "kda": ("channel", True),
+}
+CASES = {  # a varlen and a dense layout per level
+    "varlen_128_bf16": dict(B=1, T=300, H=2, HV=4, K=128, dtype=torch.bfloat16,
+                            cu_seqlens=[0, 1, 65, 66, 130, 200, 263, 300]),
+    "dense_64_fp16_no_h0": dict(B=2, T=150, H=1, HV=2, K=64, dtype=torch.float16, use_h0=False),
+}
+
+
+def rel_l2(x, ref):
+    x, ref = x.double().cpu(), ref.double().cpu()
+    return ((x - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def make_inputs(B, T, H, HV, K, dtype, gate, seed):
+    """q, k unit-norm; v normal; log gates <= 0 with per-token values down to -5 (so a channel can decay by e^-100
+    and more within a 64-token chunk); beta in (0, 1)."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.nn.functional.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1).to(dtype)
+    k = torch.nn.functional.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1).to(dtype)
+    v = torch.randn(B, T, HV, K, generator=gen).to(dtype)
+    g_shape = {"none": None, "scalar": (B, T, HV), "channel": (B, T, HV, K)}[gate]
+    g = None
+    if g_shape is not None:
+        g = torch.nn.functional.logsigmoid(2 * torch.randn(*g_shape, generator=gen) - 1).clamp_min(-5)
+    beta = torch.sigmoid(torch.randn(B, T, HV, generator=gen))
+    h0 = torch.randn(B, HV, K, K, generator=gen) * 0.1
+    return q, k, v, g, beta, h0
+
+
+def run_level(level, B, T, H, HV, K, dtype, cu_seqlens=None, use_h0=True, seed=0):
+    gate, delta = LEVELS[level]
+    N = B if cu_seqlens is None else len(cu_seqlens) - 1
+    q, k, v, g, beta, h0 = make_inputs(B, T, H, HV, K, dtype, gate, seed)
+    beta = beta if delta else None
+    h0 = h0[:1].expand(N, -1, -1, -1).contiguous() if use_h0 else None
+    cu = None if cu_seqlens is None else torch.tensor(cu_seqlens, dtype=torch.int32)
+    gc = None if g is None else reference.chunk_local_cumsum(g, 64, cu_seqlens=cu)
+    A = reference.kkt_solve(k, beta, g=gc, chunk_size=64, cu_seqlens=cu) if delta else None
+    scale = K**-0.5
+    o_ref, ht_ref = reference.chunked(q, k, v, g=g, beta=beta, scale=scale, initial_state=h0, cu_seqlens=cu)
+
+    def dev(x, dt=None):
+        return None if x is None else x.to(dt or x.dtype).cuda()
+
+    state = dict(initial_state=dev(h0, torch.float32), output_final_state=True, cu_seqlens=dev(cu))
+    if level == "linear_attn_seq_in_grid":
+        o, ht = linear_attn_seq_in_grid(dev(q), dev(k), dev(v), scale, **state)
+    else:
+        o, ht = chunk_forward(dev(q), dev(k), dev(v), dev(gc, torch.float32), dev(beta), dev(A, dtype), scale, **state)
+    torch.cuda.synchronize()
+    assert o.dtype == dtype and o.shape == v.shape
+    assert torch.isfinite(o).all() and torch.isfinite(ht).all()
+    return rel_l2(o, o_ref), rel_l2(ht, ht_ref)
+
+
+JOBS = [(level, case) for level in LEVELS for case in CASES]
+
+
+def run_job(job):
+    level, case = job
+    return run_level(level, **CASES[case])
+
+
+@pytest.fixture(scope="module")
+def errors():
+    """{job: (o rel L2, final state rel L2) or the exception it raised}, all jobs in parallel worker processes."""
+    spawn = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=min(len(JOBS), os.cpu_count() or 1), mp_context=spawn) as pool:
+        futures = {job: pool.submit(run_job, job) for job in JOBS}
+        return {job: future.exception() or future.result() for job, future in futures.items()}
+
+
+@pytest.mark.parametrize("job", JOBS, ids=[f"{level}-{case}" for level, case in JOBS])
+def test_level_matches_reference(errors, job):
+    result = errors[job]
+    if isinstance(result, BaseException):
+        raise result
+    err_o, err_s = result
+    assert err_o < TOL, f"o rel L2 {err_o:.3e}"
+    assert err_s < TOL, f"final state rel L2 {err_s:.3e}"
