@@ -154,7 +154,8 @@ def time_eager(fn: Callable[[dict[str, Any]], Any], input_sets: list[dict[str, A
 
 
 def run(op: str, quick: bool = False, replays: int = 30, impls: list[str] | None = None,
-        save: Callable[[list[dict[str, Any]]], None] | None = None) -> list[dict[str, Any]]:
+        save: Callable[[list[dict[str, Any]]], None] | None = None, only: list[str] | None = None
+        ) -> list[dict[str, Any]]:
     """Check and time every case; ``save(records)`` runs after each case, so an interrupted run keeps its data."""
     bench: Bench = importlib.import_module(OPS[op]).BENCH
     chosen = {name: fn for name, fn in bench.impls.items() if impls is None or name in impls}
@@ -175,9 +176,12 @@ def run(op: str, quick: bool = False, replays: int = 30, impls: list[str] | None
             out, error = _attempt(fn, check, inputs)
             if out is not None or error is not None:
                 record(check, impl, ms=None, rel_err=None if error else rel_l2(out, ref), rel_err_vs=None, error=error)
+                print(f"{check.name:40s} {impl:24s} rel err vs float64 {records[-1]['rel_err'] or error}", flush=True)
         del inputs, ref
 
     for case in bench.cases(quick):
+        if only is not None and case.name not in only:
+            continue
         first = bench.make_inputs(case, 0)
         rotations = max(2, min(32, math.ceil(2 * l2 / max(input_bytes(first), 1))))
         input_sets = [first] + [bench.make_inputs(case, seed) for seed in range(1, rotations)]
@@ -249,6 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a subset of the cases")
     parser.add_argument("--replays", type=int, default=30)
     parser.add_argument("--impls", default=None, help="comma-separated subset of the implementations")
+    parser.add_argument("--cases", default=None, help="comma-separated subset of the case names")
     parser.add_argument("--out", type=Path, default=None,
                         help="JSON file (default benchmarks/results/<op>-<time>.json)")
     args = parser.parse_args(argv)
@@ -262,7 +267,8 @@ def main(argv: list[str] | None = None) -> int:
         out.write_text(json.dumps({"op": args.op, "quick": args.quick, "time": stamp, "records": records}, indent=1))
 
     records = run(args.op, quick=args.quick, replays=args.replays,
-                  impls=None if args.impls is None else args.impls.split(","), save=save)
+                  impls=None if args.impls is None else args.impls.split(","), save=save,
+                  only=None if args.cases is None else args.cases.split(","))
     save(records)
     print(markdown(records))
     print(f"\nwritten {out}")
