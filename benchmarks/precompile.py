@@ -24,8 +24,8 @@ def compile_one(job):
     try:
         if kind == "chunk_fwd":
             K, gate, delta, dtype, beta_dtype, flags = cfg
-            chunk_fwd.compiled(chunk_fwd.chunk_fwd_kernel, K, K, float(K) ** -0.5, gate, delta, dtype, beta_dtype,
-                               *flags, *chunk_fwd.default_config(K, gate, delta, dtype))
+            hopper.compiled(chunk_fwd.chunk_fwd_kernel, K, K, float(K) ** -0.5, gate, delta, dtype, beta_dtype,
+                            *flags, *chunk_fwd.default_config(K, gate, delta, dtype), warp_specialized=True)
         else:
             builder = hopper.kkt_solve_kernel if kind == "kkt" else hopper.chunk_local_cumsum_kernel
             hopper.compiled(builder, *cfg)

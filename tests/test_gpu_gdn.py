@@ -87,7 +87,7 @@ def test_gdn_forward_matches_reference(name):
 
 
 def test_gdn_forward_new_length_heads_or_layout_reuses_kernel():
-    from tilela.kernels.hopper.chunk_fwd import compiled
+    from tilela.kernels.hopper import compiled
 
     run_case(B=1, T=70, H=1, HV=2, K=128)
     run_case(B=1, T=90, H=1, HV=2, K=128, cu_seqlens=[0, 20, 90])

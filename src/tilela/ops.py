@@ -114,7 +114,10 @@ def chunk_kda(
     use_qk_l2norm_in_kernel: bool = False,
     cu_seqlens_cpu: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Kimi Delta Attention: as GDN with the log gate per key channel, g [B, T, HV, K]."""
+    """Kimi Delta Attention: as GDN with the log gate per key channel, g [B, T, HV, K].
+
+    On Hopper the intra-chunk scores use 16-token sub-chunks: exact while no key channel decays by more
+    than e^-80 within 16 tokens (mean log gate >= -5 per token, KDA's lower bound)."""
     _require("g", g)
     _require("beta", beta)
     return _attention(q, k, v, g, "channel", beta, scale, initial_state, output_final_state, cu_seqlens,
@@ -187,7 +190,10 @@ def chunk_gla(
     cu_seqlens: torch.Tensor | None = None,
     cu_seqlens_cpu: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Gated linear attention (ladder level 3): g [B, T, HV, K] per-token, per-key-channel log gate."""
+    """Gated linear attention (ladder level 3): g [B, T, HV, K] per-token, per-key-channel log gate.
+
+    On Hopper the intra-chunk scores use 16-token sub-chunks: exact while no key channel decays by more
+    than e^-80 within 16 tokens (mean log gate >= -5 per token)."""
     _require("g", g)
     return _attention(q, k, v, g, "channel", None, scale, initial_state, output_final_state, cu_seqlens,
                       cu_seqlens_cpu)

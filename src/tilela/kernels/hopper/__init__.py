@@ -42,11 +42,15 @@ def available(*tensors: torch.Tensor) -> bool:
 
 
 @functools.lru_cache(maxsize=None)
-def compiled(builder, *static):
-    """The JIT kernel of builder(*static), compiled for sm_90a once per process (and cached on disk by TileLang)."""
+def compiled(builder, *static, warp_specialized: bool = False):
+    """The JIT kernel of builder(*static), compiled for sm_90a once per process (and cached on disk by TileLang).
+
+    warp_specialized: let TileLang give the TMA pipeline a producer warp group (chunk_fwd's chunk loop); the
+    latency-bound kkt_solve and cumsum kernels want several small CTAs per SM instead (PASS_CONFIGS)."""
     import tilelang
 
-    return tilelang.compile(builder(*static), target=target(), pass_configs=PASS_CONFIGS, execution_backend="tvm_ffi")
+    configs = dict(PASS_CONFIGS, **{"tl.disable_warp_specialized": not warp_specialized})
+    return tilelang.compile(builder(*static), target=target(), pass_configs=configs, execution_backend="tvm_ffi")
 
 
 @functools.lru_cache(maxsize=None)

@@ -39,14 +39,11 @@ residual is 0), gc is clamped to the last valid row (every exponent stays as abo
 out of valid output rows, their Vnew rows are zeroed before the state update, and their output rows are not stored.
 """
 
-import functools
-
 import tilelang
 import tilelang.language as T
 import torch
 
-from .. import target
-from . import DTYPES
+from . import DTYPES, _placeholder, compiled
 
 CHUNK = 64
 SUB = 16  # rows of a sub-chunk of the per-channel scores
@@ -272,15 +269,6 @@ def default_config(K, gate="scalar", delta=True, dtype="bfloat16"):
     return 32, 128, 1 if single else 2
 
 
-@functools.lru_cache(maxsize=None)
-def compiled(builder, *static):
-    """builder(*static) compiled for sm_90a once per process (and cached on disk by TileLang).  Unlike
-    kernels.hopper.compiled, TileLang's warp specialisation stays on: a producer warp group feeds the chunk
-    loop's TMA pipeline."""
-    fast_math = {tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True}
-    return tilelang.compile(builder(*static), target=target(), pass_configs=fast_math, execution_backend="tvm_ffi")
-
-
 def launch_buffers(v, K, initial_state, output_final_state, cu_seqlens):
     """(o, ht, h0, cu) of a state/output launch: o like v; the final-state buffer [N,HV,K,V] fp32 (one row when not
     stored); the initial-state argument (ht stands in when absent); cu_seqlens as int32 (a dummy when dense)."""
@@ -320,16 +308,17 @@ def chunk_forward(
         initial_state is not None,
         bool(output_final_state),
         *default_config(K, gate, delta, DTYPES[q.dtype]),
+        warp_specialized=True,
     )
     o, ht, h0, cu = launch_buffers(v, K, initial_state, output_final_state, cu_seqlens)
-    placeholder = torch.zeros(1, dtype=torch.float32, device=q.device)
+    placeholder = _placeholder(q.device, torch.float32)
     kernel(
         q,
         k,
         v,
         placeholder if g_cumsum is None else g_cumsum,
         beta if delta else placeholder,
-        A if delta else placeholder.to(q.dtype),
+        A if delta else _placeholder(q.device, q.dtype),
         h0,
         cu,
         o,

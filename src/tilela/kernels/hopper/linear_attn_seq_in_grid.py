@@ -18,7 +18,8 @@ them out of valid output rows, they are zeroed in V before the final state updat
 import tilelang.language as T
 
 from . import DTYPES
-from .chunk_fwd import CHUNK, compiled, launch_buffers
+from . import compiled
+from .chunk_fwd import CHUNK, launch_buffers
 
 
 def linear_attn_seq_in_grid_kernel(
@@ -133,6 +134,7 @@ def linear_attn_seq_in_grid(q, k, v, scale, initial_state=None, output_final_sta
         cu_seqlens is not None,
         initial_state is not None,
         bool(output_final_state),
+        warp_specialized=True,
     )
     o, ht, h0, cu = launch_buffers(v, K, initial_state, output_final_state, cu_seqlens)
     kernel(q, k, v, h0, cu, o, ht)
