@@ -28,7 +28,7 @@ def _lower(case):
     error raises)."""
     from tilelang import tvm
 
-    from tilela.kernels import PASS_CONFIGS, target
+    from tilela.kernels import pass_configs, target
     from tilela.kernels.hopper.cumsum import chunk_local_cumsum_kernel
     from tilela.kernels.hopper.kkt_solve import kkt_solve_kernel
 
@@ -36,7 +36,7 @@ def _lower(case):
     builder = chunk_local_cumsum_kernel if kind == "cumsum" else kkt_solve_kernel
     tgt = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
     assert str(tgt) == str(target())
-    with tvm.transform.PassContext(opt_level=3, config=PASS_CONFIGS), tgt:
+    with tvm.transform.PassContext(opt_level=3, config=pass_configs(warp_specialized=False)), tgt:
         artifact = tilelang.lower(builder(*static), target=tgt, enable_device_compile=True)
     return artifact.kernel_source
 

@@ -46,6 +46,7 @@ def _lower(case):
     """(CUDA source, dynamic shared memory bytes) of one configuration; nvcc compiles it (an error raises)."""
     from tilelang import tvm
 
+    from tilela.kernels import pass_configs
     from tilela.kernels.hopper.chunk_fwd import chunk_fwd_kernel, default_config
     from tilela.kernels.hopper.linear_attn_seq_in_grid import linear_attn_seq_in_grid_kernel
 
@@ -57,7 +58,7 @@ def _lower(case):
     else:
         func = linear_attn_seq_in_grid_kernel(H, HV, K, K, K**-0.5, dtype, *flags)
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
-    with tvm.transform.PassContext(config={tilelang.PassConfigKey.TL_ENABLE_FAST_MATH: True}), target:
+    with tvm.transform.PassContext(config=pass_configs(warp_specialized=True)), target:
         artifact = tilelang.lower(func, target=target, enable_device_compile=True)
     (device_func,) = artifact.device_mod.functions.values()
     return artifact.kernel_source, int(device_func.attrs["dyn_shared_memory_buf"])

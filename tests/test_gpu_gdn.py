@@ -12,7 +12,7 @@ from tilela import reference
 
 pytestmark = pytest.mark.gpu
 
-if not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9):
+if not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)):
     pytest.skip("needs a Hopper GPU", allow_module_level=True)
 
 from tilela.kernels.hopper.chunk_fwd import chunk_forward  # noqa: E402
@@ -72,7 +72,7 @@ CASES = {
     "dense_64": dict(B=2, T=150, H=2, HV=4, K=64),
     "dense_256": dict(B=1, T=140, H=1, HV=2, K=256, gate="decay"),
     "varlen_128": dict(B=1, T=300, H=2, HV=4, K=128, cu_seqlens=[0, 1, 65, 66, 130, 200, 263, 300]),
-    "varlen_128_fp16_bf16beta": dict(B=1, T=257, H=2, HV=8, K=128, dtype=torch.float16,
+    "varlen_128_fp16_fp16beta": dict(B=1, T=257, H=2, HV=8, K=128, dtype=torch.float16,
                                      beta_dtype=torch.float16, cu_seqlens=[0, 64, 128, 129, 257]),
     "varlen_64_no_ht": dict(B=1, T=100, H=1, HV=2, K=64, cu_seqlens=[0, 37, 38, 100], store_ht=False),
     "varlen_256": dict(B=1, T=200, H=2, HV=4, K=256, cu_seqlens=[0, 3, 131, 200]),

@@ -20,7 +20,7 @@ from tilela import reference
 
 pytestmark = pytest.mark.gpu
 
-if not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9):
+if not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)):
     pytest.skip("needs a Hopper GPU", allow_module_level=True)
 
 from tilela.kernels.hopper.chunk_fwd import chunk_forward  # noqa: E402

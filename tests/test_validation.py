@@ -46,6 +46,10 @@ CASES = [
     (dict(cu_seqlens=torch.tensor([0, 4, 8])), ValueError, ["cu_seqlens", "T = 10", "got 8"]),
     (dict(cu_seqlens=torch.tensor([[0, 10]])), ValueError, ["cu_seqlens", "1-d", "[1, 2]"]),
     (dict(cu_seqlens_cpu=torch.tensor([0, 10])), ValueError, ["cu_seqlens_cpu", "without cu_seqlens"]),
+    (dict(cu_seqlens=torch.tensor([0, 10]), cu_seqlens_cpu=torch.tensor([0, 10], device="meta")), ValueError,
+     ["cu_seqlens_cpu", "host", "meta"]),
+    (dict(q=torch.randn(B, T, 0, K), k=torch.randn(B, T, 0, K)), ValueError, ["non-empty", "[1, 10, 0, 8]"]),
+    (dict(beta=None), TypeError, ["beta", "None"]),
     (dict(cu_seqlens=torch.tensor([0, 4, 10]), initial_state=torch.zeros(1, HV, K, V)), ValueError,
      ["initial_state", "[2, 4, 8, 6]", "[1, 4, 8, 6]"]),
     (dict(initial_state=torch.zeros(1, HV, V, K)), ValueError, ["initial_state", "[1, 4, 8, 6]", "[1, 4, 6, 8]"]),
@@ -63,12 +67,10 @@ def test_bad_input_raises_named_error(over, exc, words):
 
 
 def test_cu_seqlens_with_batch_above_one():
-    x = good()
     q, k = torch.randn(2, T, H, K), torch.randn(2, T, H, K)
     v, g, beta = torch.randn(2, T, HV, V), torch.randn(2, T, HV), torch.rand(2, T, HV)
     with pytest.raises(ValueError, match="batch size must be 1; got B = 2"):
         tilela.chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=torch.tensor([0, 10]))
-    assert x  # the one-batch inputs stay valid
 
 
 def test_ops_without_gate_reject_one_and_kda_needs_channel_gate():
@@ -84,11 +86,14 @@ def test_ops_without_gate_reject_one_and_kda_needs_channel_gate():
     (dict(chunk_size=64.0), TypeError, "chunk_size: expected an int, got float"),
     (dict(method="lu"), ValueError, "method: expected one of"),
     (dict(g=torch.randn(B, T, H)), ValueError, r"g: expected shape \[B, T, HV\] = \[1, 10, 4\]"),
+    (dict(k=torch.randn(B, T, H, 0)), ValueError, "k: expected a non-empty key dim K"),
+    (dict(beta=torch.rand(B, T, 3)), ValueError, "beta: expected a head count HV that is a multiple"),
 ])
 def test_kkt_solve_validation(kw, exc, match):
     x = good()
+    args = {"k": x["k"], "beta": x["beta"], **kw}
     with pytest.raises(exc, match=match):
-        tilela.kkt_solve(x["k"], x["beta"], **kw)
+        tilela.kkt_solve(**args)
 
 
 def test_chunk_local_cumsum_validation():

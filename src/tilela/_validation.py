@@ -70,8 +70,9 @@ def _same_device(named: dict[str, torch.Tensor | None]) -> None:
 def check_cu_seqlens(cu_seqlens, cu_seqlens_cpu, B: int, T: int) -> tuple[tuple[int, int], ...]:
     """Validate varlen boundaries and return them as host (bos, eos) pairs.
 
-    The values are read from ``cu_seqlens_cpu`` when given, from ``cu_seqlens`` when it lives on
-    the host, and otherwise with one device-to-host copy (pass ``cu_seqlens_cpu`` to avoid it).
+    The values are read from ``cu_seqlens_cpu`` when given (trusted to equal ``cu_seqlens``: comparing
+    them would cost the device-to-host copy it exists to avoid), from ``cu_seqlens`` when it lives on
+    the host, and otherwise with one device-to-host copy.
     """
     if cu_seqlens is None:
         if cu_seqlens_cpu is not None:
@@ -85,6 +86,8 @@ def check_cu_seqlens(cu_seqlens, cu_seqlens_cpu, B: int, T: int) -> tuple[tuple[
             raise TypeError(f"{name}: expected an integer tensor (int32 or int64), got {str(t.dtype).replace('torch.', '')}")
         if t.dim() != 1 or t.numel() < 2:
             raise ValueError(f"{name}: expected a 1-d tensor [N+1] with N >= 1, got shape {_shape(t)}")
+    if cu_seqlens_cpu is not None and cu_seqlens_cpu.device.type != "cpu":
+        raise ValueError(f"cu_seqlens_cpu: expected a host (cpu) tensor, got device {cu_seqlens_cpu.device}")
     if cu_seqlens_cpu is not None and cu_seqlens_cpu.shape != cu_seqlens.shape:
         raise ValueError(f"cu_seqlens_cpu: expected shape {_shape(cu_seqlens)} (as cu_seqlens), got {_shape(cu_seqlens_cpu)}")
     if B != 1:
@@ -134,10 +137,10 @@ def check_attention(
     if v.shape[0] != B or v.shape[1] != T:
         raise ValueError(f"v: expected shape [B, T, HV, V] with B = {B}, T = {T} (as q), got {_shape(v)}")
     HV, V = v.shape[2], v.shape[3]
+    if K == 0 or V == 0 or H == 0 or HV == 0:
+        raise ValueError(f"q, v: expected non-empty head dims, got q {_shape(q)} and v {_shape(v)}")
     if HV % H != 0:
         raise ValueError(f"v: expected a head count HV that is a multiple of the q/k heads H = {H}, got HV = {HV}")
-    if K == 0 or V == 0 or H == 0:
-        raise ValueError(f"q, v: expected non-empty head dims, got q {_shape(q)} and v {_shape(v)}")
 
     if g_kind == "none":
         if g is not None:
@@ -186,7 +189,9 @@ def check_kkt(k, beta, g, chunk_size, method, cu_seqlens, cu_seqlens_cpu) -> Dim
     if beta.shape[0] != B or beta.shape[1] != T:
         raise ValueError(f"beta: expected shape [B, T, HV] with B = {B}, T = {T} (as k), got {_shape(beta)}")
     HV = beta.shape[2]
-    if H == 0 or HV % H != 0:
+    if K == 0:
+        raise ValueError(f"k: expected a non-empty key dim K, got shape {_shape(k)}")
+    if H == 0 or HV == 0 or HV % H != 0:
         raise ValueError(f"beta: expected a head count HV that is a multiple of the k heads H = {H}, got HV = {HV}")
     if g is not None:
         g = _expect_tensor("g", g)

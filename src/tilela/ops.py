@@ -39,44 +39,48 @@ def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return (xf * torch.rsqrt(xf.pow(2).sum(-1, keepdim=True) + eps)).to(x.dtype)
 
 
-def _attention(q, k, v, g, g_kind, beta, scale, initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu,
-               use_qk_l2norm_in_kernel=False):
+def _attention(q, k, v, g, g_kind, beta, needs_beta, scale, initial_state, output_final_state, cu_seqlens,
+               cu_seqlens_cpu, use_qk_l2norm_in_kernel=False):
     dims = V.check_attention(
-        q=q, k=k, v=v, g=g, g_kind=g_kind, beta=beta, needs_beta=beta is not None,
+        q=q, k=k, v=v, g=g, g_kind=g_kind, beta=beta, needs_beta=needs_beta,
         scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu,
     )
     if use_qk_l2norm_in_kernel:
         q, k = _l2norm(q), _l2norm(k)
     scale = dims.K ** -0.5 if scale is None else float(scale)
     hopper = _hopper(q, k, v, g, beta, initial_state, cu_seqlens)
-    if hopper is not None and q.dtype in (torch.bfloat16, torch.float16) and dims.K == dims.V and dims.K in (64, 128, 256):
-        return _hopper_attention(hopper, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
-                                 dims)
+    if hopper is not None and _hopper_covers(q.dtype, g_kind, needs_beta, dims):
+        return _hopper_attention(hopper, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens)
     return torch_path.chunk_attention(q, k, v, g, beta, scale, initial_state, output_final_state, dims)
 
 
-def _hopper_attention(hopper, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, dims):
+def _hopper_covers(dtype, g_kind, needs_beta, dims) -> bool:
+    """What the TileLang pipeline runs: bf16/fp16, K = V in {64, 128, 256}; the per-channel gate only up
+    to K = 128 (shared memory) and not with the delta rule (KDA: no per-channel kkt_solve kernel yet)."""
+    if dtype not in (torch.bfloat16, torch.float16) or dims.K != dims.V or dims.K not in (64, 128, 256):
+        return False
+    return g_kind != "channel" or (dims.K <= 128 and not needs_beta)
+
+
+def _hopper_attention(hopper, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens):
     """The TileLang pipeline: gate cumsum, kkt_solve (delta rule), then the fused state/output pass
     with the sequence loop inside the block (kernels.hopper.chunk_fwd)."""
     from .kernels.hopper.chunk_fwd import chunk_forward
 
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    g_cumsum = None if g is None else hopper.chunk_local_cumsum(g.contiguous(), 64, cu_seqlens)
+    if cu_seqlens is not None:
+        cu_seqlens = cu_seqlens.to(torch.int32).contiguous()
+    g_cumsum = None
+    if g is not None:
+        g = g if g.dtype in hopper.DTYPES else g.float()
+        g_cumsum = hopper.chunk_local_cumsum(g.contiguous(), 64, cu_seqlens)
     A = None
     if beta is not None:
         beta = beta.contiguous() if beta.dtype in (torch.float32, q.dtype) else beta.float().contiguous()
-        if g_cumsum is not None and g_cumsum.dim() == 4:  # per-channel gate: no kkt_solve kernel yet
-            A = torch_path.kkt_solve(k, beta, g_cumsum, 64, dims)
-        else:
-            A = hopper.kkt_solve(k, beta, g_cumsum, 64, cu_seqlens)
+        A = hopper.kkt_solve(k, beta, g_cumsum, 64, cu_seqlens)
     if initial_state is not None:
         initial_state = initial_state.float().contiguous()
     return chunk_forward(q, k, v, g_cumsum, beta, A, scale, initial_state, output_final_state, cu_seqlens)
-
-
-def _require(name: str, x) -> None:
-    if x is None:
-        raise TypeError(f"{name}: expected a torch.Tensor, got None")
 
 
 def chunk_gated_delta_rule(
@@ -94,9 +98,7 @@ def chunk_gated_delta_rule(
     cu_seqlens_cpu: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Gated DeltaNet. g: per-token log gate [B, T, HV] (raw, not cumsum'd); beta [B, T, HV] in (0, 1)."""
-    _require("g", g)
-    _require("beta", beta)
-    return _attention(q, k, v, g, "scalar", beta, scale, initial_state, output_final_state, cu_seqlens,
+    return _attention(q, k, v, g, "scalar", beta, True, scale, initial_state, output_final_state, cu_seqlens,
                       cu_seqlens_cpu, use_qk_l2norm_in_kernel)
 
 
@@ -118,9 +120,7 @@ def chunk_kda(
 
     On Hopper the intra-chunk scores use 16-token sub-chunks: exact while no key channel decays by more
     than e^-80 within 16 tokens (mean log gate >= -5 per token, KDA's lower bound)."""
-    _require("g", g)
-    _require("beta", beta)
-    return _attention(q, k, v, g, "channel", beta, scale, initial_state, output_final_state, cu_seqlens,
+    return _attention(q, k, v, g, "channel", beta, True, scale, initial_state, output_final_state, cu_seqlens,
                       cu_seqlens_cpu, use_qk_l2norm_in_kernel)
 
 
@@ -138,8 +138,7 @@ def chunk_delta_rule(
     cu_seqlens_cpu: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """DeltaNet (ladder level 4): the delta rule with no gate."""
-    _require("beta", beta)
-    return _attention(q, k, v, None, "none", beta, scale, initial_state, output_final_state, cu_seqlens,
+    return _attention(q, k, v, None, "none", beta, True, scale, initial_state, output_final_state, cu_seqlens,
                       cu_seqlens_cpu, use_qk_l2norm_in_kernel)
 
 
@@ -155,7 +154,7 @@ def chunk_linear_attn(
     cu_seqlens_cpu: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Plain causal linear attention (ladder level 1), unnormalised (FLA's ``normalize=False``)."""
-    return _attention(q, k, v, None, "none", None, scale, initial_state, output_final_state, cu_seqlens,
+    return _attention(q, k, v, None, "none", None, False, scale, initial_state, output_final_state, cu_seqlens,
                       cu_seqlens_cpu)
 
 
@@ -173,8 +172,7 @@ def chunk_simple_gla(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Scalar-gated linear attention (ladder level 2-3): g [B, T, HV] per-token log gate; a
     constant g is level 2's fixed decay."""
-    _require("g", g)
-    return _attention(q, k, v, g, "scalar", None, scale, initial_state, output_final_state, cu_seqlens,
+    return _attention(q, k, v, g, "scalar", None, False, scale, initial_state, output_final_state, cu_seqlens,
                       cu_seqlens_cpu)
 
 
@@ -194,8 +192,7 @@ def chunk_gla(
 
     On Hopper the intra-chunk scores use 16-token sub-chunks: exact while no key channel decays by more
     than e^-80 within 16 tokens (mean log gate >= -5 per token)."""
-    _require("g", g)
-    return _attention(q, k, v, g, "channel", None, scale, initial_state, output_final_state, cu_seqlens,
+    return _attention(q, k, v, g, "channel", None, False, scale, initial_state, output_final_state, cu_seqlens,
                       cu_seqlens_cpu)
 
 
@@ -220,8 +217,9 @@ def kkt_solve(
     dims = V.check_kkt(k, beta, g, chunk_size, method, cu_seqlens, cu_seqlens_cpu)
     hopper = _hopper(k, beta, g)
     if hopper is not None and k.dtype in (torch.bfloat16, torch.float16) and dims.K % 64 == 0:
-        return hopper.kkt_solve(k.contiguous(), beta.contiguous(), None if g is None else g.contiguous(),
-                                chunk_size, cu_seqlens, method)
+        return hopper.kkt_solve(k.contiguous(), beta.contiguous(), None if g is None else g.float().contiguous(),
+                                chunk_size, None if cu_seqlens is None else cu_seqlens.to(torch.int32).contiguous(),
+                                method)
     return torch_path.kkt_solve(k, beta, g, chunk_size, dims)
 
 
@@ -238,5 +236,6 @@ def chunk_local_cumsum(
     dims = V.check_cumsum(g, chunk_size, scale, cu_seqlens, cu_seqlens_cpu)
     hopper = _hopper(g)
     if hopper is not None and g.dtype != torch.float64:
-        return hopper.chunk_local_cumsum(g.contiguous(), chunk_size, cu_seqlens, scale)
+        return hopper.chunk_local_cumsum(g.contiguous(), chunk_size,
+                                         None if cu_seqlens is None else cu_seqlens.to(torch.int32).contiguous(), scale)
     return torch_path.chunk_local_cumsum(g, chunk_size, scale, dims)

@@ -1,7 +1,8 @@
 """TileLang kernels: what every kernel builder shares.
 
-TARGET / PASS_CONFIGS: how every kernel is compiled (sm_90a; no automatic warp specialisation, since our kernels
-are latency bound and want several small CTAs per SM rather than a producer warpgroup; fast math for exp2).
+target() / pass_configs(): how every kernel is compiled: sm_90a, fast math for exp2, and TileLang's automatic warp
+specialisation only where asked (chunk_fwd's TMA pipeline gets a producer warp group; the latency-bound kkt_solve
+and cumsum kernels want several small CTAs per SM instead).
 
 locate_tile: the varlen schedule without host synchronisation. Tile slot s of a grid of floor(T / 64) + N slots
 belongs to the last sequence n with floor(cu[n] / 64) + n <= s and starts at cu[n] + 64 (s - floor(cu[n] / 64) - n).
@@ -20,6 +21,10 @@ PASS_CONFIGS = {
     "tl.disable_warp_specialized": True,
     "tl.enable_fast_math": True,
 }
+
+
+def pass_configs(warp_specialized: bool) -> dict:
+    return dict(PASS_CONFIGS, **{"tl.disable_warp_specialized": not warp_specialized})
 
 
 def target():

@@ -2,8 +2,10 @@
 
 Inputs are validated once by tilela.ops; nothing is re-checked here. Nothing synchronises with the host: the
 varlen tile schedule is found on the device (kernels.locate_tile) from sizes known on the host (T, N). Compiled
-kernels are cached per static configuration only (chunk, method, dtypes, gate, value heads per pass); token
-counts, head counts, K and varlen layouts are symbolic, so a new shape never recompiles.
+kernels are cached per static configuration only: kkt_solve and cumsum by (chunk, method, dtypes, gate, value
+heads per pass), with token counts, head counts, K and varlen layouts symbolic; chunk_fwd by (K, V, scale,
+gate, update rule, dtypes, varlen / initial-state / final-state switches, tiles), with token counts, head
+counts and varlen layouts symbolic. A new length, head count or varlen layout never recompiles.
 """
 
 import functools
@@ -11,7 +13,7 @@ import functools
 import torch
 
 try:  # the kernel modules import tilelang; without it available() is False and nothing here runs
-    from .. import PASS_CONFIGS, TILE, target
+    from .. import TILE, pass_configs, target
     from .cumsum import chunk_local_cumsum_kernel
     from .kkt_solve import kkt_solve_kernel  # (before `def kkt_solve` below, which then owns the name)
 except ImportError:
@@ -49,8 +51,8 @@ def compiled(builder, *static, warp_specialized: bool = False):
     latency-bound kkt_solve and cumsum kernels want several small CTAs per SM instead (PASS_CONFIGS)."""
     import tilelang
 
-    configs = dict(PASS_CONFIGS, **{"tl.disable_warp_specialized": not warp_specialized})
-    return tilelang.compile(builder(*static), target=target(), pass_configs=configs, execution_backend="tvm_ffi")
+    return tilelang.compile(builder(*static), target=target(), pass_configs=pass_configs(warp_specialized),
+                            execution_backend="tvm_ffi")
 
 
 @functools.lru_cache(maxsize=None)

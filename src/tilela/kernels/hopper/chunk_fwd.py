@@ -39,7 +39,6 @@ residual is 0), gc is clamped to the last valid row (every exponent stays as abo
 out of valid output rows, their Vnew rows are zeroed before the state update, and their output rows are not stored.
 """
 
-import tilelang
 import tilelang.language as T
 import torch
 
