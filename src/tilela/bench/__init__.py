@@ -38,6 +38,7 @@ TENSOR_FLOPS_PER_S = 790e12
 # op name -> module defining BENCH
 OPS = {
     "gdn": "tilela.bench.gdn",
+    "ladder": "tilela.bench.ladder",
     "kkt_solve": "tilela.bench.kkt_solve",
     "chunk_local_cumsum": "tilela.bench.cumsum",
 }
