@@ -277,7 +277,7 @@ def launch_buffers(v, K, initial_state, output_final_state, cu_seqlens):
     o = torch.empty_like(v)
     ht = torch.empty(N if output_final_state else 1, HV, K, V, dtype=torch.float32, device=dev)
     h0 = initial_state if initial_state is not None else ht
-    cu = cu_seqlens.to(torch.int32) if cu_seqlens is not None else torch.empty(2, dtype=torch.int32, device=dev)
+    cu = cu_seqlens.to(torch.int32) if cu_seqlens is not None else _placeholder(dev, torch.int32)
     return o, ht, h0, cu
 
 
