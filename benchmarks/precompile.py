@@ -1,7 +1,7 @@
 """Fill TileLang's on-disk kernel cache on a CPU machine, so a GPU run loads kernels instead of compiling them.
 
     TILELANG_CACHE_DIR=$PWD/.tl-cache TILELANG_DEFAULT_TARGET='{"kind":"cuda","arch":"sm_90a"}' \\
-        python benchmarks/precompile.py [processes]
+        python benchmarks/precompile.py [processes] [kinds, e.g. kkt,cumsum (default: all)]
     mkdir -p .devrun && tar cJf .devrun/tlcache.tar.xz -C .tl-cache .
 
 Compiles every kkt_solve / chunk_local_cumsum configuration we ship and the chunk_fwd configurations the GPU
@@ -18,7 +18,7 @@ from concurrent.futures import ProcessPoolExecutor
 def compile_one(job):
     kind, cfg = job
     from tilela.kernels import hopper
-    from tilela.kernels.hopper import chunk_fwd
+    from tilela.kernels.hopper import chunk_fwd, chunk_fwd_ws
 
     t = time.time()
     try:
@@ -26,6 +26,10 @@ def compile_one(job):
             K, gate, delta, dtype, beta_dtype, flags = cfg
             hopper.compiled(chunk_fwd.chunk_fwd_kernel, K, K, float(K) ** -0.5, gate, delta, dtype, beta_dtype,
                             *flags, *chunk_fwd.default_config(K, gate, delta, dtype), warp_specialized=True)
+        elif kind == "ws":
+            K, gate, delta, dtype, beta_dtype, flags, block_DV = cfg
+            hopper.compiled(chunk_fwd_ws.chunk_fwd_ws_kernel, K, K, float(K) ** -0.5, gate, delta, dtype,
+                            beta_dtype, *flags, block_DV, warp_specialized=True)
         else:
             builder = hopper.kkt_solve_kernel if kind == "kkt" else hopper.chunk_local_cumsum_kernel
             hopper.compiled(builder, *cfg)
@@ -35,25 +39,32 @@ def compile_one(job):
 
 
 def jobs():
+    """kkt / cumsum: every shipped configuration.  State/output passes with the (varlen, initial state, final
+    state) switches the GPU tests and benchmarks use: GDN in both passes (and its half-precision beta), the other
+    ladder levels in the pass that serves them, the warp-specialised pass at both DV blocks (64 below 66 CTAs,
+    128 from there on)."""
     from tilela.kernels.hopper import CUMSUM_CONFIGS, KKT_CONFIGS
 
     out = [("cumsum", c) for c in CUMSUM_CONFIGS] + [("kkt", c) for c in KKT_CONFIGS]
-    switches = list(itertools.product((True, False), repeat=3))  # (varlen, initial state, final state)
-    for K, dtype in itertools.product((128, 64, 256), ("bfloat16", "float16")):
-        for beta_dtype, flags in itertools.product(("float32", dtype), switches):
-            out.append(("chunk_fwd", (K, "scalar", True, dtype, beta_dtype, flags)))
-    test_switches = [(True, True, True), (False, False, True), (False, True, True), (True, False, True),
-                     (False, False, False)]
-    for (gate, delta), K, dtype, flags in itertools.product(
-            (("none", False), ("scalar", False), ("channel", False), ("none", True), ("channel", True)),
-            (128, 64), ("bfloat16", "float16"), test_switches):
-        out.append(("chunk_fwd", (K, gate, delta, dtype, "float32", flags)))
+    switches = [(True, True, True), (False, False, True), (False, True, True), (True, False, True),
+                (False, False, False), (True, True, False)]
+    levels = (("scalar", True), ("none", False), ("scalar", False), ("none", True), ("channel", False),
+              ("channel", True))
+    for (gate, delta), K, dtype, flags in itertools.product(levels, (128, 64, 256), ("bfloat16", "float16"),
+                                                            switches):
+        betas = ("float32", dtype) if gate == "scalar" and delta else ("float32",)
+        for beta_dtype in betas:
+            if gate == "channel" or K == 256 or (gate, delta) == ("scalar", True):
+                out.append(("chunk_fwd", (K, gate, delta, dtype, beta_dtype, flags)))
+            if gate != "channel" and K != 256:
+                out += [("ws", (K, gate, delta, dtype, beta_dtype, flags, block_DV)) for block_DV in (64, 128)]
     return out
 
 
 if __name__ == "__main__":
     t0 = time.time()
-    todo = jobs()
+    kinds = sys.argv[2].split(",") if len(sys.argv) > 2 else None
+    todo = [job for job in jobs() if kinds is None or job[0] in kinds]
     failed = 0
     with ProcessPoolExecutor(int(sys.argv[1]) if len(sys.argv) > 1 else 2) as pool:
         for job, seconds, error in pool.map(compile_one, todo):

@@ -1,6 +1,7 @@
-"""Every ladder level's state/output kernel (chunk_fwd: gate x update rule, GDN included) and the level-1
-sequence-in-grid kernel lower and nvcc-compile for sm_90a (no GPU needed), with the tile configuration the
-launchers use, in bf16 and fp16, K = V in {64, 128} (GDN also 256).  The varlen / initial-state / final-state
+"""Every ladder level's state/output kernel (chunk_fwd: gate x update rule, GDN included), the warp-specialised
+pass (chunk_fwd_ws: no gate or a scalar one, DV blocks 64 and 128) and the level-1 sequence-in-grid kernel lower
+and nvcc-compile for sm_90a (no GPU needed), with the tile configuration the launchers use, in bf16 and fp16,
+K = V in {64, 128} (GDN also 256).  The varlen / initial-state / final-state
 switches rotate over the cases.  Configurations are compiled once, in parallel over the machine's cores."""
 
 import os
@@ -27,12 +28,21 @@ LEVELS = [
     ("chunk_fwd", "none", True),  # 4 delta_rule
     ("chunk_fwd", "scalar", True),  # GDN
     ("seq_in_grid", "none", False),  # 1 linear_attn, sequence in the grid
+    ("ws_half", "none", False),  # warp-specialised levels 1, 2, 4 and GDN, DV blocks of V / 2 and V
+    ("ws_full", "none", False),
+    ("ws_half", "scalar", False),
+    ("ws_full", "scalar", False),
+    ("ws_half", "none", True),
+    ("ws_full", "none", True),
+    ("ws_half", "scalar", True),
+    ("ws_full", "scalar", True),
 ]
 CASES = [
     (kind, gate, delta, K, dtype, "float32" if delta else None, FLAGS[(n + 2 * m) % len(FLAGS)])
     for n, (kind, gate, delta) in enumerate(LEVELS)
     for m, (K, dtype) in enumerate([(64, "bfloat16"), (128, "bfloat16"), (64, "float16"), (128, "float16")])
 ] + [
+    ("ws_full", "scalar", True, 128, "float16", "float16", FLAGS[0]),
     ("chunk_fwd", "scalar", True, 128, "float16", "float16", FLAGS[0]),  # GDN with a half-precision beta
     ("chunk_fwd", "scalar", True, 256, "bfloat16", "float32", FLAGS[0]),
     ("chunk_fwd", "scalar", True, 256, "float16", "float32", FLAGS[1]),
@@ -48,6 +58,7 @@ def _lower(case):
 
     from tilela.kernels import pass_configs
     from tilela.kernels.hopper.chunk_fwd import chunk_fwd_kernel, default_config
+    from tilela.kernels.hopper.chunk_fwd_ws import chunk_fwd_ws_kernel
     from tilela.kernels.hopper.linear_attn_seq_in_grid import linear_attn_seq_in_grid_kernel
 
     kind, gate, delta, K, dtype, beta_dtype, flags = case
@@ -55,6 +66,9 @@ def _lower(case):
     if kind == "chunk_fwd":
         func = chunk_fwd_kernel(K, K, K**-0.5, gate, delta, dtype, beta_dtype or "float32", *flags,
                                 *default_config(K, gate, delta, dtype))
+    elif kind.startswith("ws"):
+        func = chunk_fwd_ws_kernel(K, K, K**-0.5, gate, delta, dtype, beta_dtype or "float32", *flags,
+                                   K if kind == "ws_full" else K // 2)
     else:
         func = linear_attn_seq_in_grid_kernel(H, HV, K, K, K**-0.5, dtype, *flags)
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})

@@ -1,5 +1,6 @@
-"""GDN state/output kernel (chunk_fwd, scalar gate + delta rule) on a Hopper GPU against the float64 reference
-stack (layer B, reference.chunked).
+"""GDN state/output kernels (scalar gate + delta rule) on a Hopper GPU against the float64 reference stack
+(layer B, reference.chunked): the warp-specialised pass (chunk_fwd_ws, K <= 128; DV blocks of 64 on small grids,
+128 from 66 CTAs on) and the single-warp-group pass (chunk_fwd, every K).
 
 The kernel gets the chunk-local cumsum gc and A = kkt_solve(...) from the reference, rounded to the kernel's
 input types (gc fp32, A in q's dtype), so the test isolates the state/output pass.
@@ -41,7 +42,7 @@ def make_inputs(B, T, H, HV, K, dtype, beta_dtype, gate, seed):
 
 
 def run_case(B, T, H, HV, K, dtype=torch.bfloat16, beta_dtype=torch.float32, gate="mixed", cu_seqlens=None,
-             use_h0=True, store_ht=True, seed=0):
+             use_h0=True, store_ht=True, seed=0, kernel="auto"):
     N = B if cu_seqlens is None else len(cu_seqlens) - 1
     q, k, v, g, beta, h0 = make_inputs(B, T, H, HV, K, dtype, beta_dtype, gate, seed)
     h0 = h0[:1].expand(N, -1, -1, -1).contiguous() if use_h0 else None
@@ -54,7 +55,7 @@ def run_case(B, T, H, HV, K, dtype=torch.bfloat16, beta_dtype=torch.float32, gat
     o, ht = chunk_forward(
         q.to(dev), k.to(dev), v.to(dev), gc.float().to(dev), beta.to(dev), A.to(dtype).to(dev), scale,
         initial_state=None if h0 is None else h0.float().to(dev), output_final_state=store_ht,
-        cu_seqlens=None if cu is None else cu.to(dev),
+        cu_seqlens=None if cu is None else cu.to(dev), kernel=kernel,
     )
     torch.cuda.synchronize()
     assert o.dtype == dtype and o.shape == v.shape
@@ -76,12 +77,17 @@ CASES = {
                                      beta_dtype=torch.float16, cu_seqlens=[0, 64, 128, 129, 257]),
     "varlen_64_no_ht": dict(B=1, T=100, H=1, HV=2, K=64, cu_seqlens=[0, 37, 38, 100], store_ht=False),
     "varlen_256": dict(B=1, T=200, H=2, HV=4, K=256, cu_seqlens=[0, 3, 131, 200]),
+    # 9 sequences x 8 value heads = 72 CTAs: the warp-specialised pass takes 128-wide DV blocks
+    "varlen_128_72ctas": dict(B=1, T=700, H=4, HV=8, K=128, gate="decay",
+                              cu_seqlens=[0, 1, 100, 164, 165, 300, 420, 555, 640, 700]),
 }
+KERNEL_CASES = [(name, kernel) for name in CASES for kernel in ("ws", "loop") if CASES[name]["K"] <= 128 or
+                kernel == "loop"]
 
 
-@pytest.mark.parametrize("name", list(CASES))
-def test_gdn_forward_matches_reference(name):
-    err_o, err_s = run_case(**CASES[name])
+@pytest.mark.parametrize("name,kernel", KERNEL_CASES, ids=[f"{n}-{k}" for n, k in KERNEL_CASES])
+def test_gdn_forward_matches_reference(name, kernel):
+    err_o, err_s = run_case(**CASES[name], kernel=kernel)
     assert err_o < TOL, f"o rel L2 {err_o:.3e}"
     assert err_s < TOL, f"final state rel L2 {err_s:.3e}"
 

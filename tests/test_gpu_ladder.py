@@ -63,7 +63,7 @@ def make_inputs(B, T, H, HV, K, dtype, gate, seed):
     return q, k, v, g, beta, h0
 
 
-def run_level(level, B, T, H, HV, K, dtype, cu_seqlens=None, use_h0=True, seed=0):
+def run_level(level, B, T, H, HV, K, dtype, cu_seqlens=None, use_h0=True, seed=0, kernel="auto"):
     gate, delta = LEVELS[level]
     N = B if cu_seqlens is None else len(cu_seqlens) - 1
     q, k, v, g, beta, h0 = make_inputs(B, T, H, HV, K, dtype, gate, seed)
@@ -82,19 +82,27 @@ def run_level(level, B, T, H, HV, K, dtype, cu_seqlens=None, use_h0=True, seed=0
     if level == "linear_attn_seq_in_grid":
         o, ht = linear_attn_seq_in_grid(dev(q), dev(k), dev(v), scale, **state)
     else:
-        o, ht = chunk_forward(dev(q), dev(k), dev(v), dev(gc, torch.float32), dev(beta), dev(A, dtype), scale, **state)
+        o, ht = chunk_forward(dev(q), dev(k), dev(v), dev(gc, torch.float32), dev(beta), dev(A, dtype), scale, **state,
+                              kernel=kernel)
     torch.cuda.synchronize()
     assert o.dtype == dtype and o.shape == v.shape
     assert torch.isfinite(o).all() and torch.isfinite(ht).all()
     return rel_l2(o, o_ref), rel_l2(ht, ht_ref)
 
 
-JOBS = [(level, case) for level in LEVELS for case in CASES]
+def kernels(level):
+    """The state/output passes a level runs on: both for the warp-specialised levels (no gate or a scalar one)."""
+    if level == "linear_attn_seq_in_grid" or LEVELS[level][0] == "channel":
+        return ("auto",)
+    return ("ws", "loop")
+
+
+JOBS = [(level, case, kernel) for level in LEVELS for case in CASES for kernel in kernels(level)]
 
 
 def run_job(job):
-    level, case = job
-    return run_level(level, **CASES[case])
+    level, case, kernel = job
+    return run_level(level, **CASES[case], kernel=kernel)
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +114,7 @@ def errors():
         return {job: future.exception() or future.result() for job, future in futures.items()}
 
 
-@pytest.mark.parametrize("job", JOBS, ids=[f"{level}-{case}" for level, case in JOBS])
+@pytest.mark.parametrize("job", JOBS, ids=["-".join(job) for job in JOBS])
 def test_level_matches_reference(errors, job):
     result = errors[job]
     if isinstance(result, BaseException):

@@ -64,7 +64,8 @@ def _hopper_covers(dtype, g_kind, needs_beta, dims) -> bool:
 
 def _hopper_attention(hopper, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens):
     """The TileLang pipeline: gate cumsum, kkt_solve (delta rule), then the fused state/output pass
-    with the sequence loop inside the block (kernels.hopper.chunk_fwd)."""
+    with the sequence loop inside the block (kernels.hopper.chunk_fwd: the warp-specialised chunk_fwd_ws for
+    K <= 128 with a scalar gate or none, the single-warp-group pass for the rest)."""
     from .kernels.hopper.chunk_fwd import chunk_forward
 
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()

@@ -3,9 +3,9 @@
 Inputs are validated once by tilela.ops; nothing is re-checked here. Nothing synchronises with the host: the
 varlen tile schedule is found on the device (kernels.locate_tile) from sizes known on the host (T, N). Compiled
 kernels are cached per static configuration only: kkt_solve and cumsum by (chunk, method, dtypes, gate, value
-heads per pass), with token counts, head counts, K and varlen layouts symbolic; chunk_fwd by (K, V, scale,
-gate, update rule, dtypes, varlen / initial-state / final-state switches, tiles), with token counts, head
-counts and varlen layouts symbolic. A new length, head count or varlen layout never recompiles.
+heads per pass), with token counts, head counts, K and varlen layouts symbolic; chunk_fwd and chunk_fwd_ws by
+(K, V, scale, gate, update rule, dtypes, varlen / initial-state / final-state switches, tiles), with token
+counts, head counts and varlen layouts symbolic. A new length, head count or varlen layout never recompiles.
 """
 
 import functools

@@ -42,7 +42,7 @@ out of valid output rows, their Vnew rows are zeroed before the state update, an
 import tilelang.language as T
 import torch
 
-from . import DTYPES, _placeholder, compiled
+from . import DTYPES, _placeholder, chunk_fwd_ws, compiled
 
 CHUNK = 64
 SUB = 16  # rows of a sub-chunk of the per-channel scores
@@ -282,7 +282,8 @@ def launch_buffers(v, K, initial_state, output_final_state, cu_seqlens):
 
 
 def chunk_forward(
-    q, k, v, g_cumsum, beta, A, scale, initial_state=None, output_final_state=False, cu_seqlens=None
+    q, k, v, g_cumsum, beta, A, scale, initial_state=None, output_final_state=False, cu_seqlens=None, *,
+    kernel="auto",
 ):
     """State/output pass of every ladder level.  Returns (o [B,T,HV,V] in q's dtype, final state [N,HV,K,V] fp32
     or None).
@@ -290,28 +291,31 @@ def chunk_forward(
     g_cumsum: chunk-local cumsum of the log gate in fp32, [B,T,HV] (scalar gate), [B,T,HV,K] (per-key-channel
     gate) or None (no gate).  beta [B,T,HV] and A [B,T,HV,64] (kkt_solve output, q's dtype) for the delta rule;
     both None for the plain update S += k v^T.
+    kernel: "ws" the warp-specialised pass (chunk_fwd_ws.py: K = V in {64, 128}, scalar gate or none), "loop" this
+    file's single-warp-group pass (every configuration), "auto" the first that covers the call.
     """
     K, V = q.shape[3], v.shape[3]
     gate = "none" if g_cumsum is None else GATES[g_cumsum.dim() - 2]
     delta = A is not None
-    kernel = compiled(
-        chunk_fwd_kernel,
-        K,
-        V,
-        float(scale),
-        gate,
-        delta,
-        DTYPES[q.dtype],
-        DTYPES[beta.dtype] if delta else "float32",
-        cu_seqlens is not None,
-        initial_state is not None,
-        bool(output_final_state),
-        *default_config(K, gate, delta, DTYPES[q.dtype]),
-        warp_specialized=True,
-    )
+    dtype = DTYPES[q.dtype]
+    static = (K, V, float(scale), gate, delta, dtype, DTYPES[beta.dtype] if delta else "float32",
+              cu_seqlens is not None, initial_state is not None, bool(output_final_state))
+    if kernel not in ("auto", "ws", "loop"):
+        raise ValueError(f"kernel: expected 'auto', 'ws' or 'loop', got {kernel!r}")
+    ws = chunk_fwd_ws.covers(K, V, gate, dtype)
+    if kernel == "ws" and not ws:
+        raise ValueError(f"kernel='ws' covers K = V in (64, 128) with a scalar gate or none, got K={K}, V={V}, "
+                         f"gate {gate!r}, {dtype}")
+    if ws and kernel != "loop":
+        N = v.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
+        block_DV = chunk_fwd_ws.default_block_DV(V, N * v.shape[2])
+        compiled_kernel = compiled(chunk_fwd_ws.chunk_fwd_ws_kernel, *static, block_DV, warp_specialized=True)
+    else:
+        compiled_kernel = compiled(chunk_fwd_kernel, *static, *default_config(K, gate, delta, dtype),
+                                   warp_specialized=True)
     o, ht, h0, cu = launch_buffers(v, K, initial_state, output_final_state, cu_seqlens)
     placeholder = _placeholder(q.device, torch.float32)
-    kernel(
+    compiled_kernel(
         q,
         k,
         v,

@@ -1,0 +1,275 @@
+"""Chunk forward, state/output pass, warp-specialised (C = 64): one CTA of four warp groups per (DV block, sequence,
+value head), the chunk loop inside every group (seed 004, "Hopper warp specialization"; seed 002 §6.4.2).
+
+Computes the same per-chunk identity as chunk_fwd.py and mirrors the same reference stage
+(reference.chunk_math.chunk_forward, looped by reference.seq_in_loop), for a scalar gate or none:
+
+    Vnew = A diag(beta) (V - exp(gc) ⊙ (K S))         delta rule (A = kkt_solve output)
+    Vnew = V                                           plain update
+    O    = scale [exp(gc) ⊙ (Q S) + tril_incl(exp(gc_i - gc_j) ⊙ Q K^T) Vnew]
+    S   <- exp(gc_last) S + K^T (exp(gc_last - gc) ⊙ Vnew)
+
+Levels served: linear_attn ("none", plain), simple_gla ("scalar", plain), delta_rule ("none", delta), GDN ("scalar",
+delta); the per-channel gate and K = 256 stay on chunk_fwd.py.
+
+The four warp groups and what each owns (state on chip for the whole sequence, fp32 in the state group's registers):
+    state   (threads   0-127)  S; writes its bf16 copy S_s, decays S, adds K^T Vd
+    value   (threads 128-255)  K S -> R = beta (V - exp(gc) K S) (in place of the V tile) -> Vnew = A R -> Vnew_s and
+                               Vd_s = exp(gc_last - gc) Vnew (rows past the sequence end zeroed)
+                               (plain update: Vd_s = exp(gc_last - gc) V only)
+    output  (threads 256-383)  P = Q K^T (before S is ready), Q S, O = ... + P Vnew, stores O
+    load    (threads 384-511)  one warp issues the TMA loads of q, k, v, A; one warp loads gc and beta
+Every hand-over is a buffer with n slots (chunk c uses slot c % n) and one mbarrier pair per slot: "ready"
+completes when the slot holds chunk c (wait parity (c // n) % 2), "free"/"read" when its readers are done with it
+(the writer of chunk c waits parity (c // n + 1) % 2, which a fresh barrier passes: no wait for the first n chunks):
+    loaded / consumed     load -> all      q, k, v, A, gc, beta        n = 2
+    S_ready / S_read      state -> value, output   S_s                  n = 2
+    Vn_ready / Vn_read    value -> output  Vnew_s (delta rule)          n = 2, 1 at block_DV = 128 (shared memory)
+    Vd_ready              value -> state   Vd_s                         n = 1 (its reuse is ordered by S_ready)
+The recurrence's critical path is S_s -> K S -> A R -> K^T Vd -> S_s. P = Q K^T, Q S, P Vnew and the store run
+beside it in the output group, a chunk behind at most (two S_s slots: the state never waits for Q S of the
+chunk it just left), and the next chunk's loads beside both.
+
+Varlen tails as in chunk_fwd.py: the 64-row tiles of the last chunk hold the next sequence's rows (or TMA zeros past
+the tensor end); beta = 0 there, gc is clamped to the last valid row, the causal mask keeps them out of valid rows,
+Vd rows are zeroed and output rows are not stored.
+"""
+
+import tilelang.language as T
+
+CHUNK = 64
+GROUP = 128  # threads of a warp group
+LOG2E = 1.4426950408889634
+GATES = ("none", "scalar")
+# registers per thread after setmaxnreg: 3 x 160 + 32 = 512 (65536 registers over 512 threads, 128 at launch)
+CONSUMER_REGS = 160
+LOAD_REGS = 32
+
+
+def exp_e(x):
+    """exp(x) through the hardware exp2 unit."""
+    return T.exp2(x * LOG2E)
+
+
+def chunk_fwd_ws_kernel(
+    K,
+    V,
+    scale,
+    gate="scalar",
+    delta=True,
+    dtype="bfloat16",
+    beta_dtype="float32",
+    is_varlen=False,
+    use_initial_state=False,
+    store_final_state=False,
+    block_DV=128,
+):
+    """Build the warp-specialised state/output pass for static head sizes (K in {64, 128}), gate kind ("none" or
+    "scalar"), update rule and DV block (64 or 128).  Batch, length, head counts and the varlen layout are dynamic.
+    Grid: (V // block_DV, N sequences, HV), 512 threads.  Inputs absent for a configuration (g without a gate; beta
+    and A for the plain update) are one-element placeholders."""
+    C = CHUNK
+    NV = V // block_DV
+    accum = "float32"
+    scalar = gate == "scalar"
+    Vn_slots = 2 if block_DV <= 64 else 1
+    B, Tn, H, HV, N0, N1, NS1 = T.dynamic("B, Tn, H, HV, N0, N1, NS1")
+    g_shape = [B, Tn, HV] if scalar else [1]
+    beta_shape = [B, Tn, HV] if delta else [1]
+    A_shape = [B, Tn, HV, C] if delta else [1]
+
+    @T.prim_func
+    def chunk_fwd_ws(
+        q: T.Tensor([B, Tn, H, K], dtype),
+        k: T.Tensor([B, Tn, H, K], dtype),
+        v: T.Tensor([B, Tn, HV, V], dtype),
+        g: T.Tensor(g_shape, accum),
+        beta: T.Tensor(beta_shape, beta_dtype),
+        A: T.Tensor(A_shape, dtype),
+        h0: T.Tensor([N0, HV, K, V], accum),
+        cu_seqlens: T.Tensor([NS1], "int32"),
+        o: T.Tensor([B, Tn, HV, V], dtype),
+        ht: T.Tensor([N1, HV, K, V], accum),
+    ):
+        with T.Kernel(NV, (NS1 - 1) if is_varlen else B, HV, threads=4 * GROUP) as (bv, bn, bh):
+            hq = bh // (HV // H)
+            v0 = bv * block_DV
+
+            q_s = T.alloc_shared([2, C, K], dtype)
+            k_s = T.alloc_shared([2, C, K], dtype)
+            v_s = T.alloc_shared([2, C, block_DV], dtype)  # V, overwritten by R in the delta rule
+            g_s = T.alloc_shared([2, C], accum)  # gc
+            eg_s = T.alloc_shared([2, C], accum)  # exp(gc)
+            ed_s = T.alloc_shared([2, C], accum)  # exp(gc_last - gc), 0 past the sequence end
+            if delta:
+                A_s = T.alloc_shared([2, C, C], dtype)
+                beta_s = T.alloc_shared([2, C], accum)
+                Vn_s = T.alloc_shared([Vn_slots, C, block_DV], dtype)
+            S_s = T.alloc_shared([2, K, block_DV], dtype)
+            Vd_s = T.alloc_shared([C, block_DV], dtype)
+            P_s = T.alloc_shared([C, C], dtype)
+
+            S_f = T.alloc_fragment([K, block_DV], accum)
+            if delta:
+                KS_f = T.alloc_fragment([C, block_DV], accum)
+            Vn_f = T.alloc_fragment([C, block_DV], accum)  # Vnew, then Vd
+            O_f = T.alloc_fragment([C, block_DV], accum)
+            P_f = T.alloc_fragment([C, C], accum)
+
+            loaded = T.alloc_barrier([64, 64])
+            consumed = T.alloc_barrier([3 * GROUP, 3 * GROUP])
+            S_ready = T.alloc_barrier([GROUP, GROUP])
+            S_read = T.alloc_barrier([2 * GROUP if delta else GROUP] * 2)
+            Vd_ready = T.alloc_barrier(GROUP)
+            if delta:
+                Vn_ready = T.alloc_barrier([GROUP] * Vn_slots)
+                Vn_read = T.alloc_barrier([GROUP] * Vn_slots)
+
+            bb = T.alloc_var("int32")
+            t_start = T.alloc_var("int32")
+            t_end = T.alloc_var("int32")
+            if is_varlen:
+                bb = 0
+                t_start = cu_seqlens[bn]
+                t_end = cu_seqlens[bn + 1]
+            else:
+                bb = bn
+                t_start = 0
+                t_end = Tn
+            n_chunks = T.ceildiv(t_end - t_start, C)
+
+            tx = T.get_thread_binding()
+            if tx < GROUP:  # state
+                T.set_max_nreg(CONSUMER_REGS, 1)
+                decay = T.alloc_local([1], accum)
+                if use_initial_state:
+                    T.copy(h0[bn, bh, 0:K, v0 : v0 + block_DV], S_f)
+                else:
+                    T.clear(S_f)
+                for c in T.serial(n_chunks):
+                    s = c % 2
+                    T.barrier_wait(loaded[s], (c // 2) % 2)
+                    T.barrier_wait(S_read[s], (c // 2 + 1) % 2)
+                    T.copy(S_f, S_s[s, :, :])
+                    T.fence_proxy_async()
+                    T.barrier_arrive(S_ready[s])
+                    if scalar:
+                        decay[0] = eg_s[s, C - 1]
+                        for i, j in T.Parallel(K, block_DV):
+                            S_f[i, j] = S_f[i, j] * decay[0]
+                    T.barrier_wait(Vd_ready, c % 2)
+                    T.gemm(k_s[s, :, :], Vd_s, S_f, transpose_A=True)
+                    T.barrier_arrive(consumed[s])
+                if store_final_state:
+                    T.copy(S_f, ht[bn, bh, 0:K, v0 : v0 + block_DV])
+
+            elif tx < 2 * GROUP:  # value
+                T.set_max_nreg(CONSUMER_REGS, 1)
+                for c in T.serial(n_chunks):
+                    s = c % 2
+                    t0 = t_start + c * C
+                    T.barrier_wait(loaded[s], (c // 2) % 2)
+                    T.barrier_wait(S_ready[s], (c // 2) % 2)
+                    if delta:
+                        T.gemm(k_s[s, :, :], S_s[s, :, :], KS_f, clear_accum=True)
+                        T.barrier_arrive(S_read[s])
+                        for i, j in T.Parallel(C, block_DV):
+                            if scalar:
+                                KS_f[i, j] = beta_s[s, i] * (v_s[s, i, j] - eg_s[s, i] * KS_f[i, j])
+                            else:
+                                KS_f[i, j] = beta_s[s, i] * (v_s[s, i, j] - KS_f[i, j])
+                        T.copy(KS_f, v_s[s, :, :])
+                        T.fence_proxy_async()
+                        T.gemm(A_s[s, :, :], v_s[s, :, :], Vn_f, clear_accum=True)
+                        n = c % Vn_slots
+                        T.barrier_wait(Vn_read[n], (c // Vn_slots + 1) % 2)
+                        T.copy(Vn_f, Vn_s[n, :, :])
+                        T.fence_proxy_async()
+                        T.barrier_arrive(Vn_ready[n])
+                        for i, j in T.Parallel(C, block_DV):
+                            Vn_f[i, j] = ed_s[s, i] * Vn_f[i, j]
+                    else:
+                        for i, j in T.Parallel(C, block_DV):
+                            Vn_f[i, j] = ed_s[s, i] * v_s[s, i, j]
+                    T.copy(Vn_f, Vd_s)
+                    T.fence_proxy_async()
+                    T.barrier_arrive(Vd_ready)
+                    T.barrier_arrive(consumed[s])
+
+            elif tx < 3 * GROUP:  # output
+                T.set_max_nreg(CONSUMER_REGS, 1)
+                for c in T.serial(n_chunks):
+                    s = c % 2
+                    t0 = t_start + c * C
+                    T.barrier_wait(loaded[s], (c // 2) % 2)
+                    T.gemm(q_s[s, :, :], k_s[s, :, :], P_f, transpose_B=True, clear_accum=True)
+                    for i, j in T.Parallel(C, C):
+                        if scalar:
+                            P_f[i, j] = T.if_then_else(j <= i, P_f[i, j] * scale * exp_e(g_s[s, i] - g_s[s, j]), 0)
+                        else:
+                            P_f[i, j] = T.if_then_else(j <= i, P_f[i, j] * scale, 0)
+                    T.copy(P_f, P_s)
+                    T.fence_proxy_async()
+                    T.barrier_wait(S_ready[s], (c // 2) % 2)
+                    T.gemm(q_s[s, :, :], S_s[s, :, :], O_f, clear_accum=True)
+                    T.barrier_arrive(S_read[s])
+                    for i, j in T.Parallel(C, block_DV):
+                        if scalar:
+                            O_f[i, j] = O_f[i, j] * (scale * eg_s[s, i])
+                        else:
+                            O_f[i, j] = O_f[i, j] * scale
+                    if delta:
+                        n = c % Vn_slots
+                        T.barrier_wait(Vn_ready[n], (c // Vn_slots) % 2)
+                        T.gemm(P_s, Vn_s[n, :, :], O_f)
+                        T.barrier_arrive(Vn_read[n])
+                    else:
+                        T.gemm(P_s, v_s[s, :, :], O_f)
+                    for i, j in T.Parallel(C, block_DV):
+                        if t0 + i < t_end:
+                            o[bb, t0 + i, bh, v0 + j] = O_f[i, j]
+                    T.barrier_arrive(consumed[s])
+
+            else:  # load
+                T.set_max_nreg(LOAD_REGS, 0)
+                if tx < 3 * GROUP + 32:
+                    for c in T.serial(n_chunks):
+                        s = c % 2
+                        t0 = t_start + c * C
+                        T.barrier_wait(consumed[s], (c // 2 + 1) % 2)
+                        T.tma_copy(q[bb, t0 : t0 + C, hq, :], q_s[s, :, :], barrier=loaded[s])
+                        T.tma_copy(k[bb, t0 : t0 + C, hq, :], k_s[s, :, :], barrier=loaded[s])
+                        T.tma_copy(v[bb, t0 : t0 + C, bh, v0 : v0 + block_DV], v_s[s, :, :], barrier=loaded[s])
+                        if delta:
+                            T.tma_copy(A[bb, t0 : t0 + C, bh, :], A_s[s, :, :], barrier=loaded[s])
+                        T.barrier_arrive(loaded[s])
+                elif tx < 3 * GROUP + 64:
+                    for c in T.serial(n_chunks):
+                        s = c % 2
+                        t0 = t_start + c * C
+                        T.barrier_wait(consumed[s], (c // 2 + 1) % 2)
+                        for i in T.Parallel(C):
+                            if scalar:
+                                g_s[s, i] = g[bb, T.min(t0 + i, t_end - 1), bh]
+                                eg_s[s, i] = exp_e(g[bb, T.min(t0 + i, t_end - 1), bh])
+                                ed_s[s, i] = T.if_then_else(t0 + i < t_end, exp_e(
+                                    g[bb, T.min(t0 + C - 1, t_end - 1), bh] - g[bb, T.min(t0 + i, t_end - 1), bh]), 0)
+                            else:
+                                ed_s[s, i] = T.if_then_else(t0 + i < t_end, 1, 0)
+                            if delta:
+                                beta_s[s, i] = T.if_then_else(t0 + i < t_end, T.cast(beta[bb, t0 + i, bh], accum), 0)
+                        T.barrier_arrive(loaded[s])
+
+    return chunk_fwd_ws
+
+
+def covers(K, V, gate, dtype):
+    """Whether the warp-specialised pass serves these sizes and gate (else chunk_fwd.py does)."""
+    return K == V and K in (64, 128) and gate in GATES and dtype in ("bfloat16", "float16")
+
+
+def default_block_DV(V, ctas):
+    """DV block: V (Q K^T and the q/k loads once per value head) when the grid already has ctas >= 66 CTAs (half
+    the H200's SMs) at that width, else V / 2 (twice the CTAs, each with a shorter chain of half-width GEMMs).
+    Measured on the H200 at 32 CTAs (GDN, 1x32768 h16/32): 1.30 ms at V / 2 against 1.86 ms at V."""
+    return V if ctas >= 66 else V // 2

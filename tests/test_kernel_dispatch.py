@@ -1,0 +1,39 @@
+"""Host-side choices of the Hopper state/output launcher (no GPU needed): which pass serves a call, which DV block
+the warp-specialised pass takes, and the errors for a pass that cannot serve the call."""
+
+import pytest
+import torch
+
+pytest.importorskip("tilelang")
+
+from tilela.kernels.hopper import chunk_fwd_ws  # noqa: E402
+from tilela.kernels.hopper.chunk_fwd import chunk_forward  # noqa: E402
+
+
+@pytest.mark.parametrize("K,gate,dtype,covered", [
+    (128, "scalar", "bfloat16", True), (64, "none", "float16", True), (256, "scalar", "bfloat16", False),
+    (128, "channel", "bfloat16", False), (128, "scalar", "float32", False),
+])
+def test_ws_covers(K, gate, dtype, covered):
+    assert chunk_fwd_ws.covers(K, K, gate, dtype) is covered
+
+
+@pytest.mark.parametrize("V,ctas,block", [(128, 32, 64), (128, 65, 64), (128, 66, 128), (128, 512, 128),
+                                          (64, 8, 32), (64, 100, 64)])
+def test_ws_block_follows_grid_size(V, ctas, block):
+    assert chunk_fwd_ws.default_block_DV(V, ctas) == block
+
+
+def _inputs(K):
+    q = torch.zeros(1, 64, 1, K, dtype=torch.bfloat16)
+    return q, q, q.clone(), torch.zeros(1, 64, 1), torch.zeros(1, 64, 1), torch.zeros(1, 64, 1, 64)
+
+
+def test_unknown_kernel_is_rejected():
+    with pytest.raises(ValueError, match="kernel: expected 'auto', 'ws' or 'loop', got 'fast'"):
+        chunk_forward(*_inputs(128), 1.0, kernel="fast")
+
+
+def test_ws_outside_its_coverage_is_rejected():
+    with pytest.raises(ValueError, match="K=256"):
+        chunk_forward(*_inputs(256), 1.0, kernel="ws")
