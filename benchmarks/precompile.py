@@ -4,9 +4,9 @@
         python benchmarks/precompile.py [processes] [kinds, e.g. kkt,cumsum (default: all)]
     mkdir -p .devrun && tar cJf .devrun/tlcache.tar.xz -C .tl-cache .
 
-Compiles every kkt_solve / chunk_local_cumsum configuration we ship and the chunk_fwd configurations the GPU
-tests and the GDN benchmark reach (GDN with every state/varlen switch; the other ladder levels with the
-switches the tests use). benchmarks/device_run.sh unpacks the tarball on the device.
+Compiles every kkt_solve / chunk_local_cumsum configuration we ship and the state/output configurations the GPU
+tests and benchmarks reach (jobs()). benchmarks/device_run.sh unpacks the tarball on the device and runs this
+script there first, 16 processes at once, for whatever the tarball misses.
 """
 
 import itertools
@@ -27,9 +27,9 @@ def compile_one(job):
             hopper.compiled(chunk_fwd.chunk_fwd_kernel, K, K, float(K) ** -0.5, gate, delta, dtype, beta_dtype,
                             *flags, *chunk_fwd.default_config(K, gate, delta, dtype), warp_specialized=True)
         elif kind == "ws":
-            K, gate, delta, dtype, beta_dtype, flags, block_DV = cfg
-            hopper.compiled(chunk_fwd_ws.chunk_fwd_ws_kernel, K, K, float(K) ** -0.5, gate, delta, dtype,
-                            beta_dtype, *flags, block_DV, warp_specialized=True)
+            K, V, gate, delta, dtype, beta_dtype, flags, block_DV, store_output = cfg
+            hopper.compiled(chunk_fwd_ws.chunk_fwd_ws_kernel, K, V, float(K) ** -0.5, gate, delta, dtype,
+                            beta_dtype, *flags, block_DV, store_output, warp_specialized=True)
         else:
             builder = hopper.kkt_solve_kernel if kind == "kkt" else hopper.chunk_local_cumsum_kernel
             hopper.compiled(builder, *cfg)
@@ -41,8 +41,8 @@ def compile_one(job):
 def jobs():
     """kkt / cumsum: every shipped configuration.  State/output passes with the (varlen, initial state, final
     state) switches the GPU tests and benchmarks use: GDN in both passes (and its half-precision beta), the other
-    ladder levels in the pass that serves them, the warp-specialised pass at both DV blocks (64 below 66 CTAs,
-    128 from there on)."""
+    ladder levels in the pass that serves them, the warp-specialised pass at both DV blocks (K / 2 below 66 CTAs,
+    K from there on) and its sequence-split transitions."""
     from tilela.kernels.hopper import CUMSUM_CONFIGS, KKT_CONFIGS
 
     out = [("cumsum", c) for c in CUMSUM_CONFIGS] + [("kkt", c) for c in KKT_CONFIGS]
@@ -57,7 +57,11 @@ def jobs():
             if gate == "channel" or K == 256 or (gate, delta) == ("scalar", True):
                 out.append(("chunk_fwd", (K, gate, delta, dtype, beta_dtype, flags)))
             if gate != "channel" and K != 256:
-                out += [("ws", (K, gate, delta, dtype, beta_dtype, flags, block_DV)) for block_DV in (64, 128)]
+                out += [("ws", (K, K, gate, delta, dtype, beta_dtype, flags, block_DV, True))
+                        for block_DV in (K // 2, K)]
+                if flags == (True, True, True):  # the sequence split's transitions (value [V | 0], state alone)
+                    out += [("ws", (K, 2 * K, gate, delta, dtype, beta_dtype, flags, block_DV, False))
+                            for block_DV in (K // 2, K)]
     return out
 
 

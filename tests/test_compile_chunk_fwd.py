@@ -1,8 +1,8 @@
 """Every ladder level's state/output kernel (chunk_fwd: gate x update rule, GDN included), the warp-specialised
-pass (chunk_fwd_ws: no gate or a scalar one, DV blocks 64 and 128) and the level-1 sequence-in-grid kernel lower
-and nvcc-compile for sm_90a (no GPU needed), with the tile configuration the launchers use, in bf16 and fp16,
-K = V in {64, 128} (GDN also 256).  The varlen / initial-state / final-state
-switches rotate over the cases.  Configurations are compiled once, in parallel over the machine's cores."""
+pass (chunk_fwd_ws: no gate or a scalar one, DV blocks K / 2 and K, and the state-only transition pass of the
+sequence split) and the level-1 sequence-in-grid kernel lower and nvcc-compile for sm_90a (no GPU needed), with
+the tile configuration the launchers use, in bf16 and fp16, K = V in {64, 128} (GDN also 256).  The varlen /
+initial-state / final-state switches rotate over the cases.  Configurations are compiled once, in parallel over the machine's cores."""
 
 import os
 import shutil
@@ -43,6 +43,11 @@ CASES = [
     for m, (K, dtype) in enumerate([(64, "bfloat16"), (128, "bfloat16"), (64, "float16"), (128, "float16")])
 ] + [
     ("ws_full", "scalar", True, 128, "float16", "float16", FLAGS[0]),
+    # the sequence split's transitions: value [V | 0] (V = 2K), state alone, DV block K and K / 2
+    ("ws_split_full", "scalar", True, 128, "bfloat16", "float32", FLAGS[0]),
+    ("ws_split_half", "none", True, 64, "float16", "float32", FLAGS[0]),
+    ("ws_split_full", "scalar", False, 128, "float16", None, FLAGS[0]),
+    ("ws_split_half", "none", False, 128, "bfloat16", None, FLAGS[0]),
     ("chunk_fwd", "scalar", True, 128, "float16", "float16", FLAGS[0]),  # GDN with a half-precision beta
     ("chunk_fwd", "scalar", True, 256, "bfloat16", "float32", FLAGS[0]),
     ("chunk_fwd", "scalar", True, 256, "float16", "float32", FLAGS[1]),
@@ -67,8 +72,9 @@ def _lower(case):
         func = chunk_fwd_kernel(K, K, K**-0.5, gate, delta, dtype, beta_dtype or "float32", *flags,
                                 *default_config(K, gate, delta, dtype))
     elif kind.startswith("ws"):
-        func = chunk_fwd_ws_kernel(K, K, K**-0.5, gate, delta, dtype, beta_dtype or "float32", *flags,
-                                   K if kind == "ws_full" else K // 2)
+        split = kind.startswith("ws_split")
+        func = chunk_fwd_ws_kernel(K, 2 * K if split else K, K**-0.5, gate, delta, dtype, beta_dtype or "float32",
+                                   *flags, K if kind.endswith("full") else K // 2, not split)
     else:
         func = linear_attn_seq_in_grid_kernel(H, HV, K, K, K**-0.5, dtype, *flags)
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})

@@ -17,6 +17,7 @@ if not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 
     pytest.skip("needs a Hopper GPU", allow_module_level=True)
 
 from tilela.kernels.hopper.chunk_fwd import chunk_forward  # noqa: E402
+from tilela.kernels.hopper.seq_split import SegmentPlan  # noqa: E402
 
 TOL = 1e-2
 
@@ -42,7 +43,7 @@ def make_inputs(B, T, H, HV, K, dtype, beta_dtype, gate, seed):
 
 
 def run_case(B, T, H, HV, K, dtype=torch.bfloat16, beta_dtype=torch.float32, gate="mixed", cu_seqlens=None,
-             use_h0=True, store_ht=True, seed=0, kernel="auto"):
+             use_h0=True, store_ht=True, seed=0, kernel="auto", segment_chunks=None):
     N = B if cu_seqlens is None else len(cu_seqlens) - 1
     q, k, v, g, beta, h0 = make_inputs(B, T, H, HV, K, dtype, beta_dtype, gate, seed)
     h0 = h0[:1].expand(N, -1, -1, -1).contiguous() if use_h0 else None
@@ -56,6 +57,9 @@ def run_case(B, T, H, HV, K, dtype=torch.bfloat16, beta_dtype=torch.float32, gat
         q.to(dev), k.to(dev), v.to(dev), gc.float().to(dev), beta.to(dev), A.to(dtype).to(dev), scale,
         initial_state=None if h0 is None else h0.float().to(dev), output_final_state=store_ht,
         cu_seqlens=None if cu is None else cu.to(dev), kernel=kernel,
+        segments=None if segment_chunks is None else SegmentPlan.of(
+            [T] * B if cu_seqlens is None else [e - s for s, e in zip(cu_seqlens[:-1], cu_seqlens[1:])],
+            segment_chunks),
     )
     torch.cuda.synchronize()
     assert o.dtype == dtype and o.shape == v.shape
@@ -103,3 +107,18 @@ def test_gdn_forward_new_length_heads_or_layout_reuses_kernel():
             run_case(B=1, T=400, H=3, HV=6, K=128, cu_seqlens=[0, 1, 250, 400], seed=3)[0]]
     assert compiled.cache_info().misses == misses
     assert max(errs) < TOL
+
+
+SPLIT_CASES = {  # the sequence split (kernels.hopper.seq_split): segments of 1-3 chunks, empty and 1-token sequences
+    "varlen_128_seg2": dict(B=1, T=700, H=2, HV=4, K=128, cu_seqlens=[0, 1, 300, 300, 364, 700], segment_chunks=2),
+    "dense_128_seg1_decay_no_h0": dict(B=2, T=200, H=1, HV=2, K=128, gate="decay", use_h0=False, segment_chunks=1),
+    "varlen_64_fp16_seg3": dict(B=1, T=500, H=1, HV=3, K=64, dtype=torch.float16, cu_seqlens=[0, 450, 500],
+                                segment_chunks=3),
+}
+
+
+@pytest.mark.parametrize("name", list(SPLIT_CASES))
+def test_gdn_sequence_split_matches_reference(name):
+    err_o, err_s = run_case(**SPLIT_CASES[name])
+    assert err_o < TOL, f"o rel L2 {err_o:.3e}"
+    assert err_s < TOL, f"final state rel L2 {err_s:.3e}"

@@ -18,10 +18,11 @@ def test_ws_covers(K, gate, dtype, covered):
     assert chunk_fwd_ws.covers(K, K, gate, dtype) is covered
 
 
-@pytest.mark.parametrize("V,ctas,block", [(128, 32, 64), (128, 65, 64), (128, 66, 128), (128, 512, 128),
-                                          (64, 8, 32), (64, 100, 64)])
-def test_ws_block_follows_grid_size(V, ctas, block):
-    assert chunk_fwd_ws.default_block_DV(V, ctas) == block
+@pytest.mark.parametrize("K,V,grid,block", [(128, 128, 32, 64), (128, 128, 65, 64), (128, 128, 66, 128),
+                                            (128, 128, 512, 128), (64, 64, 8, 32), (64, 64, 100, 64),
+                                            (128, 256, 33, 128), (128, 256, 32, 64)])
+def test_ws_block_follows_grid_size(K, V, grid, block):
+    assert chunk_fwd_ws.default_block_DV(K, V, grid) == block
 
 
 def _inputs(K):
@@ -37,3 +38,12 @@ def test_unknown_kernel_is_rejected():
 def test_ws_outside_its_coverage_is_rejected():
     with pytest.raises(ValueError, match="K=256"):
         chunk_forward(*_inputs(256), 1.0, kernel="ws")
+
+
+def test_sequence_split_needs_the_ws_pass():
+    from tilela.kernels.hopper.seq_split import SegmentPlan
+
+    with pytest.raises(ValueError, match="K=256"):
+        chunk_forward(*_inputs(256), 1.0, segments=SegmentPlan.of([64], 1))
+    with pytest.raises(ValueError, match="segments: the sequence split runs on the warp-specialised pass"):
+        chunk_forward(*_inputs(128), 1.0, kernel="loop", segments=SegmentPlan.of([64], 1))

@@ -1,4 +1,4 @@
-"""The float64 reference stack: layers A/B/C/D agree, primitives match explicit formulas, inverses match
+"""The float64 reference stack: layers A/B/C/D/E agree, primitives match explicit formulas, inverses match
 torch.linalg.inv, the seed documents' degenerate checks, cost tables and deliberate-bug error levels."""
 import math
 from itertools import accumulate
@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from tilela.reference import (blocked_inverse, chunk_local_cumsum, chunked, flat_block_inverse, inverse_cost,
                               kkt_solve, neumann_inverse_16, recurrent, row_forward_inplace, seq_in_grid,
-                              seq_in_loop)
+                              seq_in_loop, seq_split)
 
 F64 = torch.float64
 GATES = ["none", "scalar", "channel"]
@@ -48,6 +48,8 @@ LAYERS = {
     "B_chunked": lambda C, **kw: chunked(**kw, chunk_size=C),
     "C_seq_in_grid": lambda C, **kw: seq_in_grid(**kw, chunk_size=C),
     "D_seq_in_loop": lambda C, **kw: seq_in_loop(**kw, chunk_size=C, block_dv=8),
+    "E_seq_split_2": lambda C, **kw: seq_split(**kw, chunk_size=C, segment_chunks=2),
+    "E_seq_split_1": lambda C, **kw: seq_split(**kw, chunk_size=C, segment_chunks=1),
 }
 
 

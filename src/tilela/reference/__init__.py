@@ -4,7 +4,8 @@ S_t += k_t v_t^T; o_t = scale q_t^T S_t.
 
 Layers, each checked against the previous one:  A recurrent (definition), B chunked (vectorised chunk
 identities), C seq_in_grid (kernel control flow, sequence in the grid), D seq_in_loop (production layout,
-sequence loop inside, DV split). Primitives: chunk_local_cumsum, kkt_solve and the unit-lower-triangular
+sequence loop inside, DV split), E seq_split (segments of a sequence in parallel from entering states composed
+from the segments' affine transitions). Primitives: chunk_local_cumsum, kkt_solve and the unit-lower-triangular
 inverses of reference.inverse with their cost model.
 """
 from .chunked import chunked
@@ -15,9 +16,10 @@ from .kkt import kkt_solve
 from .recurrent import recurrent
 from .seq_in_grid import seq_in_grid
 from .seq_in_loop import seq_in_loop
+from .seq_split import seq_split
 
 __all__ = [
-    "recurrent", "chunked", "seq_in_grid", "seq_in_loop", "chunk_local_cumsum", "kkt_solve",
+    "recurrent", "chunked", "seq_in_grid", "seq_in_loop", "seq_split", "chunk_local_cumsum", "kkt_solve",
     "row_forward_inplace", "blocked_inverse", "flat_block_inverse", "neumann_inverse_16", "solve_unit_lower",
     "inverse_cost",
 ]

@@ -42,7 +42,7 @@ out of valid output rows, their Vnew rows are zeroed before the state update, an
 import tilelang.language as T
 import torch
 
-from . import DTYPES, _placeholder, chunk_fwd_ws, compiled
+from . import DTYPES, _placeholder, chunk_fwd_ws, compiled, seq_split
 
 CHUNK = 64
 SUB = 16  # rows of a sub-chunk of the per-channel scores
@@ -281,9 +281,46 @@ def launch_buffers(v, K, initial_state, output_final_state, cu_seqlens):
     return o, ht, h0, cu
 
 
+def _launch(kernel, q, k, v, g_cumsum, beta, A, initial_state, output_final_state, cu_seqlens):
+    """Run a compiled state/output pass; (o, final state or None)."""
+    o, ht, h0, cu = launch_buffers(v, q.shape[3], initial_state, output_final_state, cu_seqlens)
+    placeholder = _placeholder(q.device, torch.float32)
+    kernel(
+        q,
+        k,
+        v,
+        placeholder if g_cumsum is None else g_cumsum,
+        placeholder if beta is None else beta,
+        _placeholder(q.device, q.dtype) if A is None else A,
+        h0,
+        cu,
+        o,
+        ht,
+    )
+    return o, (ht if output_final_state else None)
+
+
+def _static(q, v, g_cumsum, beta, A, scale, initial_state, output_final_state, cu_seqlens):
+    """The static configuration of a call: (K, V, scale, gate, delta rule, dtype, beta dtype, varlen, initial
+    state, final state)."""
+    gate = "none" if g_cumsum is None else GATES[g_cumsum.dim() - 2]
+    delta = A is not None
+    return (q.shape[3], v.shape[3], float(scale), gate, delta, DTYPES[q.dtype],
+            DTYPES[beta.dtype] if delta else "float32", cu_seqlens is not None, initial_state is not None,
+            bool(output_final_state))
+
+
+def _ws_state_pass(q, k, v, g_cumsum, beta, A, scale, h0, cu_seqlens, store_output):
+    """The warp-specialised pass in the sequence split's contract (varlen, initial state in, final state out)."""
+    static = _static(q, v, g_cumsum, beta, A, scale, h0, True, cu_seqlens)
+    block_DV = chunk_fwd_ws.default_block_DV(q.shape[3], v.shape[3], (cu_seqlens.shape[0] - 1) * v.shape[2])
+    kernel = compiled(chunk_fwd_ws.chunk_fwd_ws_kernel, *static, block_DV, store_output, warp_specialized=True)
+    return _launch(kernel, q, k, v, g_cumsum, beta, A, h0, True, cu_seqlens)
+
+
 def chunk_forward(
     q, k, v, g_cumsum, beta, A, scale, initial_state=None, output_final_state=False, cu_seqlens=None, *,
-    kernel="auto",
+    kernel="auto", segments=None,
 ):
     """State/output pass of every ladder level.  Returns (o [B,T,HV,V] in q's dtype, final state [N,HV,K,V] fp32
     or None).
@@ -293,38 +330,27 @@ def chunk_forward(
     both None for the plain update S += k v^T.
     kernel: "ws" the warp-specialised pass (chunk_fwd_ws.py: K = V in {64, 128}, scalar gate or none), "loop" this
     file's single-warp-group pass (every configuration), "auto" the first that covers the call.
+    segments: a seq_split.SegmentPlan of the call's sequence lengths to run the segments of each sequence in
+    parallel (the warp-specialised pass only; seq_split.py), or None.
     """
-    K, V = q.shape[3], v.shape[3]
-    gate = "none" if g_cumsum is None else GATES[g_cumsum.dim() - 2]
-    delta = A is not None
-    dtype = DTYPES[q.dtype]
-    static = (K, V, float(scale), gate, delta, dtype, DTYPES[beta.dtype] if delta else "float32",
-              cu_seqlens is not None, initial_state is not None, bool(output_final_state))
+    static = _static(q, v, g_cumsum, beta, A, scale, initial_state, output_final_state, cu_seqlens)
+    K, V, _, gate, delta, dtype = static[:6]
     if kernel not in ("auto", "ws", "loop"):
         raise ValueError(f"kernel: expected 'auto', 'ws' or 'loop', got {kernel!r}")
     ws = chunk_fwd_ws.covers(K, V, gate, dtype)
-    if kernel == "ws" and not ws:
+    if (kernel == "ws" or segments is not None) and not ws:
         raise ValueError(f"kernel='ws' covers K = V in (64, 128) with a scalar gate or none, got K={K}, V={V}, "
                          f"gate {gate!r}, {dtype}")
+    if segments is not None:
+        if kernel == "loop":
+            raise ValueError("segments: the sequence split runs on the warp-specialised pass, got kernel='loop'")
+        return seq_split.split_forward(_ws_state_pass, q, k, v, g_cumsum, beta, A, scale, initial_state,
+                                       output_final_state, cu_seqlens, segments)
     if ws and kernel != "loop":
         N = v.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
-        block_DV = chunk_fwd_ws.default_block_DV(V, N * v.shape[2])
+        block_DV = chunk_fwd_ws.default_block_DV(K, V, N * v.shape[2])
         compiled_kernel = compiled(chunk_fwd_ws.chunk_fwd_ws_kernel, *static, block_DV, warp_specialized=True)
     else:
         compiled_kernel = compiled(chunk_fwd_kernel, *static, *default_config(K, gate, delta, dtype),
                                    warp_specialized=True)
-    o, ht, h0, cu = launch_buffers(v, K, initial_state, output_final_state, cu_seqlens)
-    placeholder = _placeholder(q.device, torch.float32)
-    compiled_kernel(
-        q,
-        k,
-        v,
-        placeholder if g_cumsum is None else g_cumsum,
-        beta if delta else placeholder,
-        A if delta else _placeholder(q.device, q.dtype),
-        h0,
-        cu,
-        o,
-        ht,
-    )
-    return o, (ht if output_final_state else None)
+    return _launch(compiled_kernel, q, k, v, g_cumsum, beta, A, initial_state, output_final_state, cu_seqlens)

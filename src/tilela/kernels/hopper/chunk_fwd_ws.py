@@ -25,7 +25,7 @@ completes when the slot holds chunk c (wait parity (c // n) % 2), "free"/"read" 
     loaded / consumed     load -> all      q, k, v, A, gc, beta        n = 2
     S_ready / S_read      state -> value, output   S_s                  n = 2
     Vn_ready / Vn_read    value -> output  Vnew_s (delta rule)          n = 2, 1 at block_DV = 128 (shared memory)
-    Vd_ready              value -> state   Vd_s                         n = 1 (its reuse is ordered by S_ready)
+    Vd_ready / Vd_read    value -> state   Vd_s                         n = 1
 The recurrence's critical path is S_s -> K S -> A R -> K^T Vd -> S_s. P = Q K^T, Q S, P Vnew and the store run
 beside it in the output group, a chunk behind at most (two S_s slots: the state never waits for Q S of the
 chunk it just left), and the next chunk's loads beside both.
@@ -63,16 +63,21 @@ def chunk_fwd_ws_kernel(
     use_initial_state=False,
     store_final_state=False,
     block_DV=128,
+    store_output=True,
 ):
     """Build the warp-specialised state/output pass for static head sizes (K in {64, 128}), gate kind ("none" or
     "scalar"), update rule and DV block (64 or 128).  Batch, length, head counts and the varlen layout are dynamic.
     Grid: (V // block_DV, N sequences, HV), 512 threads.  Inputs absent for a configuration (g without a gate; beta
-    and A for the plain update) are one-element placeholders."""
+    and A for the plain update) are one-element placeholders.  store_output=False drops the output group (its
+    warps idle, o is not written): the state pass alone, as the sequence split's transitions need it."""
     C = CHUNK
     NV = V // block_DV
     accum = "float32"
     scalar = gate == "scalar"
     Vn_slots = 2 if block_DV <= 64 else 1
+    consumers = 3 if store_output else 2  # warp groups that read the input slots
+    S_readers = int(delta) + int(store_output)  # warp groups that read S_s
+    Vn_shared = delta and store_output  # Vnew_s only feeds the output
     B, Tn, H, HV, N0, N1, NS1 = T.dynamic("B, Tn, H, HV, N0, N1, NS1")
     g_shape = [B, Tn, HV] if scalar else [1]
     beta_shape = [B, Tn, HV] if delta else [1]
@@ -104,6 +109,7 @@ def chunk_fwd_ws_kernel(
             if delta:
                 A_s = T.alloc_shared([2, C, C], dtype)
                 beta_s = T.alloc_shared([2, C], accum)
+            if Vn_shared:
                 Vn_s = T.alloc_shared([Vn_slots, C, block_DV], dtype)
             S_s = T.alloc_shared([2, K, block_DV], dtype)
             Vd_s = T.alloc_shared([C, block_DV], dtype)
@@ -117,11 +123,13 @@ def chunk_fwd_ws_kernel(
             P_f = T.alloc_fragment([C, C], accum)
 
             loaded = T.alloc_barrier([64, 64])
-            consumed = T.alloc_barrier([3 * GROUP, 3 * GROUP])
-            S_ready = T.alloc_barrier([GROUP, GROUP])
-            S_read = T.alloc_barrier([2 * GROUP if delta else GROUP] * 2)
+            consumed = T.alloc_barrier([consumers * GROUP] * 2)
+            if S_readers:
+                S_ready = T.alloc_barrier([GROUP, GROUP])
+                S_read = T.alloc_barrier([S_readers * GROUP] * 2)
             Vd_ready = T.alloc_barrier(GROUP)
-            if delta:
+            Vd_read = T.alloc_barrier(GROUP)
+            if Vn_shared:
                 Vn_ready = T.alloc_barrier([GROUP] * Vn_slots)
                 Vn_read = T.alloc_barrier([GROUP] * Vn_slots)
 
@@ -149,16 +157,18 @@ def chunk_fwd_ws_kernel(
                 for c in T.serial(n_chunks):
                     s = c % 2
                     T.barrier_wait(loaded[s], (c // 2) % 2)
-                    T.barrier_wait(S_read[s], (c // 2 + 1) % 2)
-                    T.copy(S_f, S_s[s, :, :])
-                    T.fence_proxy_async()
-                    T.barrier_arrive(S_ready[s])
+                    if S_readers:
+                        T.barrier_wait(S_read[s], (c // 2 + 1) % 2)
+                        T.copy(S_f, S_s[s, :, :])
+                        T.fence_proxy_async()
+                        T.barrier_arrive(S_ready[s])
                     if scalar:
                         decay[0] = eg_s[s, C - 1]
                         for i, j in T.Parallel(K, block_DV):
                             S_f[i, j] = S_f[i, j] * decay[0]
                     T.barrier_wait(Vd_ready, c % 2)
                     T.gemm(k_s[s, :, :], Vd_s, S_f, transpose_A=True)
+                    T.barrier_arrive(Vd_read)
                     T.barrier_arrive(consumed[s])
                 if store_final_state:
                     T.copy(S_f, ht[bn, bh, 0:K, v0 : v0 + block_DV])
@@ -167,10 +177,9 @@ def chunk_fwd_ws_kernel(
                 T.set_max_nreg(CONSUMER_REGS, 1)
                 for c in T.serial(n_chunks):
                     s = c % 2
-                    t0 = t_start + c * C
                     T.barrier_wait(loaded[s], (c // 2) % 2)
-                    T.barrier_wait(S_ready[s], (c // 2) % 2)
                     if delta:
+                        T.barrier_wait(S_ready[s], (c // 2) % 2)
                         T.gemm(k_s[s, :, :], S_s[s, :, :], KS_f, clear_accum=True)
                         T.barrier_arrive(S_read[s])
                         for i, j in T.Parallel(C, block_DV):
@@ -181,54 +190,61 @@ def chunk_fwd_ws_kernel(
                         T.copy(KS_f, v_s[s, :, :])
                         T.fence_proxy_async()
                         T.gemm(A_s[s, :, :], v_s[s, :, :], Vn_f, clear_accum=True)
-                        n = c % Vn_slots
-                        T.barrier_wait(Vn_read[n], (c // Vn_slots + 1) % 2)
-                        T.copy(Vn_f, Vn_s[n, :, :])
-                        T.fence_proxy_async()
-                        T.barrier_arrive(Vn_ready[n])
+                        if Vn_shared:
+                            n = c % Vn_slots
+                            T.barrier_wait(Vn_read[n], (c // Vn_slots + 1) % 2)
+                            T.copy(Vn_f, Vn_s[n, :, :])
+                            T.fence_proxy_async()
+                            T.barrier_arrive(Vn_ready[n])
                         for i, j in T.Parallel(C, block_DV):
                             Vn_f[i, j] = ed_s[s, i] * Vn_f[i, j]
                     else:
                         for i, j in T.Parallel(C, block_DV):
                             Vn_f[i, j] = ed_s[s, i] * v_s[s, i, j]
+                    T.barrier_wait(Vd_read, (c + 1) % 2)
                     T.copy(Vn_f, Vd_s)
                     T.fence_proxy_async()
                     T.barrier_arrive(Vd_ready)
                     T.barrier_arrive(consumed[s])
 
             elif tx < 3 * GROUP:  # output
-                T.set_max_nreg(CONSUMER_REGS, 1)
-                for c in T.serial(n_chunks):
-                    s = c % 2
-                    t0 = t_start + c * C
-                    T.barrier_wait(loaded[s], (c // 2) % 2)
-                    T.gemm(q_s[s, :, :], k_s[s, :, :], P_f, transpose_B=True, clear_accum=True)
-                    for i, j in T.Parallel(C, C):
-                        if scalar:
-                            P_f[i, j] = T.if_then_else(j <= i, P_f[i, j] * scale * exp_e(g_s[s, i] - g_s[s, j]), 0)
+                if store_output:
+                    T.set_max_nreg(CONSUMER_REGS, 1)
+                    for c in T.serial(n_chunks):
+                        s = c % 2
+                        t0 = t_start + c * C
+                        T.barrier_wait(loaded[s], (c // 2) % 2)
+                        T.gemm(q_s[s, :, :], k_s[s, :, :], P_f, transpose_B=True, clear_accum=True)
+                        for i, j in T.Parallel(C, C):
+                            if scalar:
+                                P_f[i, j] = T.if_then_else(
+                                    j <= i, P_f[i, j] * scale * exp_e(g_s[s, i] - g_s[s, j]), 0
+                                )
+                            else:
+                                P_f[i, j] = T.if_then_else(j <= i, P_f[i, j] * scale, 0)
+                        T.copy(P_f, P_s)
+                        T.fence_proxy_async()
+                        T.barrier_wait(S_ready[s], (c // 2) % 2)
+                        T.gemm(q_s[s, :, :], S_s[s, :, :], O_f, clear_accum=True)
+                        T.barrier_arrive(S_read[s])
+                        for i, j in T.Parallel(C, block_DV):
+                            if scalar:
+                                O_f[i, j] = O_f[i, j] * (scale * eg_s[s, i])
+                            else:
+                                O_f[i, j] = O_f[i, j] * scale
+                        if delta:
+                            n = c % Vn_slots
+                            T.barrier_wait(Vn_ready[n], (c // Vn_slots) % 2)
+                            T.gemm(P_s, Vn_s[n, :, :], O_f)
+                            T.barrier_arrive(Vn_read[n])
                         else:
-                            P_f[i, j] = T.if_then_else(j <= i, P_f[i, j] * scale, 0)
-                    T.copy(P_f, P_s)
-                    T.fence_proxy_async()
-                    T.barrier_wait(S_ready[s], (c // 2) % 2)
-                    T.gemm(q_s[s, :, :], S_s[s, :, :], O_f, clear_accum=True)
-                    T.barrier_arrive(S_read[s])
-                    for i, j in T.Parallel(C, block_DV):
-                        if scalar:
-                            O_f[i, j] = O_f[i, j] * (scale * eg_s[s, i])
-                        else:
-                            O_f[i, j] = O_f[i, j] * scale
-                    if delta:
-                        n = c % Vn_slots
-                        T.barrier_wait(Vn_ready[n], (c // Vn_slots) % 2)
-                        T.gemm(P_s, Vn_s[n, :, :], O_f)
-                        T.barrier_arrive(Vn_read[n])
-                    else:
-                        T.gemm(P_s, v_s[s, :, :], O_f)
-                    for i, j in T.Parallel(C, block_DV):
-                        if t0 + i < t_end:
-                            o[bb, t0 + i, bh, v0 + j] = O_f[i, j]
-                    T.barrier_arrive(consumed[s])
+                            T.gemm(P_s, v_s[s, :, :], O_f)
+                        for i, j in T.Parallel(C, block_DV):
+                            if t0 + i < t_end:
+                                o[bb, t0 + i, bh, v0 + j] = O_f[i, j]
+                        T.barrier_arrive(consumed[s])
+                else:  # the state pass alone: this group idles
+                    T.set_max_nreg(LOAD_REGS, 0)
 
             else:  # load
                 T.set_max_nreg(LOAD_REGS, 0)
@@ -237,7 +253,8 @@ def chunk_fwd_ws_kernel(
                         s = c % 2
                         t0 = t_start + c * C
                         T.barrier_wait(consumed[s], (c // 2 + 1) % 2)
-                        T.tma_copy(q[bb, t0 : t0 + C, hq, :], q_s[s, :, :], barrier=loaded[s])
+                        if store_output:
+                            T.tma_copy(q[bb, t0 : t0 + C, hq, :], q_s[s, :, :], barrier=loaded[s])
                         T.tma_copy(k[bb, t0 : t0 + C, hq, :], k_s[s, :, :], barrier=loaded[s])
                         T.tma_copy(v[bb, t0 : t0 + C, bh, v0 : v0 + block_DV], v_s[s, :, :], barrier=loaded[s])
                         if delta:
@@ -268,8 +285,9 @@ def covers(K, V, gate, dtype):
     return K == V and K in (64, 128) and gate in GATES and dtype in ("bfloat16", "float16")
 
 
-def default_block_DV(V, ctas):
-    """DV block: V (Q K^T and the q/k loads once per value head) when the grid already has ctas >= 66 CTAs (half
-    the H200's SMs) at that width, else V / 2 (twice the CTAs, each with a shorter chain of half-width GEMMs).
-    Measured on the H200 at 32 CTAs (GDN, 1x32768 h16/32): 1.30 ms at V / 2 against 1.86 ms at V."""
-    return V if ctas >= 66 else V // 2
+def default_block_DV(K, V, grid):
+    """DV block for grid = sequences x value heads: K (Q K^T and the q/k loads once per K columns of V) when that
+    already gives >= 66 CTAs (half the H200's SMs), else K / 2 (twice the CTAs, each with a shorter chain of
+    half-width GEMMs).  Measured on the H200 at 32 CTAs (GDN, 1x32768 h16/32): 1.30 ms at K / 2 against 1.86 ms
+    at K.  V > K only in the sequence split's transitions (V = 2K: the [V | 0] value)."""
+    return K if grid * (V // K) >= 66 else K // 2

@@ -1,0 +1,89 @@
+"""Sequence split of the state/output pass: the segments of long sequences run in parallel CTAs (intra-card context
+parallelism, done exactly). Mirrors reference layer E (reference.seq_split):
+
+    over a segment of chunks the pass is affine in its entering state:  S_out = M S_in + B
+  1. transitions  the state pass alone (no output) over every segment, with the value extended to [V | 0] and the
+                  entering state to [0 | I] (a K x (V + K) state): its final state is [B | M]
+  2. entering     S_in(0) = the sequence's initial state (or 0), S_in(j + 1) = M_j S_in(j) + B_j, fp32, one batched
+                  step per segment index over all sequences and heads
+  3. outputs      the state/output pass over the segments as one varlen batch from the entering states; a sequence's
+                  final state is that of its last segment
+
+Segments begin at chunk boundaries of their sequence, so the chunk-local gc and A are those of the unsplit call. An
+empty sequence keeps one empty segment (its final state is its initial state). Every table is built on the device
+from cu_seqlens and host sizes only (SegmentPlan), so nothing synchronises with the host.
+
+The passes are given as `state_pass(q, k, v, g_cumsum, beta, A, scale, h0, cu_seqlens, store_output) -> (o, ht)`
+(varlen layout, initial state in, final state out): the TileLang pass on the GPU, any other implementation of the
+same contract elsewhere.
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+CHUNK = 64
+
+
+@dataclass(frozen=True)
+class SegmentPlan:
+    """Host sizes of a split: segment_chunks chunks per segment (a sequence's last segment may be shorter),
+    num_segments over all sequences, max_per_sequence of any one sequence."""
+
+    segment_chunks: int
+    num_segments: int
+    max_per_sequence: int
+
+    @classmethod
+    def of(cls, lengths, segment_chunks: int) -> "SegmentPlan":
+        if segment_chunks < 1:
+            raise ValueError(f"segment_chunks: expected >= 1, got {segment_chunks}")
+        counts = [max(1, math.ceil(n / (CHUNK * segment_chunks))) for n in lengths]
+        return cls(segment_chunks, sum(counts), max(counts, default=1))
+
+
+def segment_table(cu_seqlens: torch.Tensor, plan: SegmentPlan):
+    """(cu_segments int32 [S + 1], first segment int64 [N], segment count int64 [N]) on cu_seqlens's device."""
+    cu = cu_seqlens.long()
+    tokens = CHUNK * plan.segment_chunks
+    count = torch.clamp((cu[1:] - cu[:-1] + tokens - 1) // tokens, min=1)
+    ends = torch.cumsum(count, 0)
+    first = ends - count
+    seg = torch.arange(plan.num_segments, device=cu.device)
+    seq = torch.searchsorted(ends, seg, right=True)
+    starts = cu[seq] + (seg - first[seq]) * tokens
+    cu_segments = torch.cat([starts, cu[-1:]]).to(torch.int32)
+    return cu_segments, first, count
+
+
+def split_forward(state_pass, q, k, v, g_cumsum, beta, A, scale, initial_state, output_final_state, cu_seqlens,
+                  plan: SegmentPlan):
+    """The state/output pass of the unsplit call ((o [B,T,HV,V], final state [N,HV,K,V] fp32 or None)), computed
+    segment-parallel; arguments as kernels.hopper.chunk_fwd.chunk_forward."""
+    B, Tn, HV, V = v.shape
+    K = q.shape[-1]
+    flat = lambda x: None if x is None else x.reshape(1, B * Tn, *x.shape[2:])  # noqa: E731
+    q1, k1, v1, g1, beta1, A1 = map(flat, (q, k, v, g_cumsum, beta, A))
+    if cu_seqlens is None:
+        cu_seqlens = torch.arange(B + 1, device=v.device, dtype=torch.int32) * Tn
+    N = cu_seqlens.shape[0] - 1
+    cu_seg, first, count = segment_table(cu_seqlens, plan)
+
+    v_ext = torch.cat([v1, v1.new_zeros(1, B * Tn, HV, K)], dim=-1)
+    h_ext = torch.zeros(plan.num_segments, HV, K, V + K, device=v.device, dtype=torch.float32)
+    h_ext[..., V:] = torch.eye(K, device=v.device, dtype=torch.float32)
+    _, BM = state_pass(q1, k1, v_ext, g1, beta1, A1, scale, h_ext, cu_seg, False)
+    B_seg, M_seg = BM[..., :V], BM[..., V:]
+
+    S = torch.zeros_like(B_seg[:N]) if initial_state is None else initial_state.to(B_seg.dtype)
+    S_in = torch.empty_like(B_seg)
+    for j in range(plan.max_per_sequence):
+        live = (j < count).view(N, 1, 1, 1)
+        idx = first + torch.minimum(count - 1, torch.full_like(count, j))
+        S_in.index_copy_(0, idx, torch.where(live, S, S_in[idx]))
+        S = torch.where(live, M_seg[idx] @ S + B_seg[idx], S)
+
+    o, ht = state_pass(q1, k1, v1, g1, beta1, A1, scale, S_in, cu_seg, True)
+    final = ht[first + count - 1] if output_final_state else None
+    return o.view(B, Tn, HV, V), final

@@ -1,0 +1,82 @@
+"""The sequence split's host side (kernels.hopper.seq_split) on the CPU: segment tables, and split_forward with a
+float64 stand-in for the state pass (reference layer B over the segments) against the unsplit reference, so the
+transitions ([V | 0] value, [0 | I] state), the combine over segments and the final-state gather are checked
+without a GPU. The TileLang state pass it drives on the GPU is compile-tested in test_compile_chunk_fwd.py."""
+
+from itertools import accumulate
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tilela import reference
+from tilela.kernels.hopper.seq_split import SegmentPlan, segment_table, split_forward
+
+F64 = torch.float64
+
+
+def test_segment_table_cuts_each_sequence_at_chunk_multiples():
+    lengths = [300, 1, 0, 130, 64]
+    plan = SegmentPlan.of(lengths, 2)  # 128-token segments
+    assert plan == SegmentPlan(2, 8, 3)
+    cu = torch.tensor([0, *accumulate(lengths)], dtype=torch.int32)
+    cu_seg, first, count = segment_table(cu, plan)
+    assert cu_seg.tolist() == [0, 128, 256, 300, 301, 301, 429, 431, 495]
+    assert first.tolist() == [0, 3, 4, 5, 7]
+    assert count.tolist() == [3, 1, 1, 2, 1]
+
+
+def test_segment_plan_rejects_empty_segments():
+    with pytest.raises(ValueError, match="segment_chunks: expected >= 1, got 0"):
+        SegmentPlan.of([100], 0)
+
+
+def _problem(gate, delta, lengths, B=1, T=None, H=1, G=2, K=8, V=12, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    T = T or sum(lengths)
+    N = B if lengths is None else len(lengths)
+    HV = H * G
+    g = None
+    if gate:
+        g = F.logsigmoid(torch.randn(B, T, HV, generator=gen, dtype=F64))
+        g[:, :, 0] = 0.0  # a head without decay: its transition M never fades
+    return dict(
+        q=torch.randn(B, T, H, K, generator=gen, dtype=F64),
+        k=F.normalize(torch.randn(B, T, H, K, generator=gen, dtype=F64), dim=-1),
+        v=torch.randn(B, T, HV, V, generator=gen, dtype=F64),
+        g=g,
+        beta=torch.rand(B, T, HV, generator=gen, dtype=F64) if delta else None,
+        initial_state=torch.randn(N, HV, K, V, generator=gen, dtype=F64),
+        cu_seqlens=None if lengths is None else torch.tensor([0, *accumulate(lengths)]),
+    )
+
+
+def _stand_in(g_raw):
+    """A float64 state pass with the contract split_forward drives (varlen layout): reference layer B over the
+    segments, from the raw gate (segments start at chunk boundaries, so its chunk-local cumsum is g_cumsum)."""
+    def state_pass(q, k, v, g_cumsum, beta, A, scale, h0, cu_seqlens, store_output):
+        g1 = None if g_raw is None else g_raw.reshape(1, -1, g_raw.shape[2])
+        return reference.chunked(q, k, v, g=g1, beta=beta, scale=scale, initial_state=h0,
+                                 cu_seqlens=cu_seqlens.long())
+    return state_pass
+
+
+@pytest.mark.parametrize("segment_chunks", [1, 2, 3])
+@pytest.mark.parametrize("gate,delta", [(True, True), (False, True), (True, False), (False, False)],
+                         ids=["gdn", "delta_rule", "simple_gla", "linear_attn"])
+@pytest.mark.parametrize("layout", ["varlen", "dense"])
+def test_split_forward_matches_unsplit(gate, delta, segment_chunks, layout):
+    lengths = [300, 1, 0, 130, 64] if layout == "varlen" else None
+    p = _problem(gate, delta, lengths, B=1 if lengths else 2, T=None if lengths else 200)
+    o_ref, S_ref = reference.chunked(**p)
+    B, T = p["v"].shape[:2]
+    plan = SegmentPlan.of(lengths or [T] * B, segment_chunks)
+    gc = None if p["g"] is None else reference.chunk_local_cumsum(p["g"], 64, p["cu_seqlens"])
+    cu = None if p["cu_seqlens"] is None else p["cu_seqlens"].to(torch.int32)
+    for h0 in (p["initial_state"], None):
+        o, S = split_forward(_stand_in(p["g"]), p["q"], p["k"], p["v"], gc, p["beta"], None, 8 ** -0.5, h0, True,
+                             cu, plan)
+        if h0 is None:
+            o_ref, S_ref = reference.chunked(**dict(p, initial_state=None))
+        torch.testing.assert_close(o.double(), o_ref, rtol=0, atol=1e-9)
+        torch.testing.assert_close(S.double(), S_ref, rtol=0, atol=1e-9)
