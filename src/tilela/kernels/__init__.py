@@ -4,6 +4,8 @@ target() / pass_configs(): how every kernel is compiled: sm_90a, fast math for e
 specialisation only where asked (chunk_fwd's TMA pipeline gets a producer warp group; the latency-bound kkt_solve
 and cumsum kernels want several small CTAs per SM instead).
 
+exp_e: exp through exp2 (gates are log-space, natural base).
+
 locate_tile: the varlen schedule without host synchronisation. Tile slot s of a grid of floor(T / 64) + N slots
 belongs to the last sequence n with floor(cu[n] / 64) + n <= s and starts at cu[n] + 64 (s - floor(cu[n] / 64) - n).
 The map n -> floor(cu[n] / 64) + n is strictly increasing and leaves room for ceil(len_n / 64) tiles between
@@ -15,7 +17,13 @@ B * T tokens) is dense_len = T: slot s is tile s % ceil(T / 64) of batch row s /
 import tilelang.language as T
 from tilelang import tvm
 
-TILE = 64  # tokens per CTA tile
+TILE = 64  # tokens per CTA tile (and the chunk of the state/output passes)
+LOG2E = 1.4426950408889634
+
+
+def exp_e(x):
+    """exp(x) through the hardware exp2 unit."""
+    return T.exp2(x * LOG2E)
 
 PASS_CONFIGS = {
     "tl.disable_warp_specialized": True,

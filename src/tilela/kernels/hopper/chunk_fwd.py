@@ -42,17 +42,12 @@ out of valid output rows, their Vnew rows are zeroed before the state update, an
 import tilelang.language as T
 import torch
 
+from .. import TILE as CHUNK
+from .. import exp_e
 from . import DTYPES, _placeholder, chunk_fwd_ws, compiled, seq_split
 
-CHUNK = 64
 SUB = 16  # rows of a sub-chunk of the per-channel scores
-LOG2E = 1.4426950408889634
 GATES = ("none", "scalar", "channel")
-
-
-def exp_e(x):
-    """exp(x) through the hardware exp2 unit."""
-    return T.exp2(x * LOG2E)
 
 
 def chunk_fwd_kernel(

@@ -37,18 +37,14 @@ Vd rows are zeroed and output rows are not stored.
 
 import tilelang.language as T
 
-CHUNK = 64
+from .. import TILE as CHUNK
+from .. import exp_e
+
 GROUP = 128  # threads of a warp group
-LOG2E = 1.4426950408889634
 GATES = ("none", "scalar")
 # registers per thread after setmaxnreg: 3 x 160 + 32 = 512 (65536 registers over 512 threads, 128 at launch)
 CONSUMER_REGS = 160
 LOAD_REGS = 32
-
-
-def exp_e(x):
-    """exp(x) through the hardware exp2 unit."""
-    return T.exp2(x * LOG2E)
 
 
 def chunk_fwd_ws_kernel(

@@ -32,12 +32,11 @@ Rows past a sequence end are masked (select, not multiply) so any finite or zero
 import tilelang
 import tilelang.language as T
 
-from .. import TILE, locate_tile
+from .. import LOG2E, TILE, locate_tile
 
 BLOCK = 16  # diagonal block size of the recursion
 KSTEP = 128  # K columns per GEMM step (one step for K <= 128)
 THREADS = 128
-LOG2E = 1.4426950408889634
 ACC = "float32"
 MIN_BLOCKS = 4  # caps registers at 128 per thread: four CTAs per SM (shared memory allows it too)
 
