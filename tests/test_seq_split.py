@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from tilela import reference
-from tilela.kernels.hopper.seq_split import SegmentPlan, segment_table, split_forward
+from tilela.kernels.hopper.seq_split import SegmentPlan, auto_plan, segment_table, split_forward
 
 F64 = torch.float64
 
@@ -29,6 +29,18 @@ def test_segment_table_cuts_each_sequence_at_chunk_multiples():
 def test_segment_plan_rejects_empty_segments():
     with pytest.raises(ValueError, match="segment_chunks: expected >= 1, got 0"):
         SegmentPlan.of([100], 0)
+
+
+@pytest.mark.parametrize("lengths,heads,plan", [
+    ([32768], 8, SegmentPlan(32, 16, 16)),  # 512 chunks x 8 heads over 132 SMs: 16 segments of 32 chunks
+    ([32768], 32, SegmentPlan(125, 5, 5)),
+    ([32768], 64, None),  # 128 CTAs at DV K / 2 already
+    ([2048], 8, None),  # 32 chunks: shorter than 8 segments of 8
+    ([28672, 4096], 16, SegmentPlan(63, 10, 8)),
+    ([1024] * 8, 16, None),
+])
+def test_auto_plan_splits_only_long_sequences_on_small_grids(lengths, heads, plan):
+    assert auto_plan(lengths, heads, 132) == plan
 
 
 def _problem(gate, delta, lengths, B=1, T=None, H=1, G=2, K=8, V=12, seed=0):

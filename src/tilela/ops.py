@@ -62,10 +62,13 @@ def _hopper_covers(dtype, g_kind, needs_beta, dims) -> bool:
     return g_kind != "channel" or (dims.K <= 128 and not needs_beta)
 
 
-def _hopper_attention(hopper, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens):
+def _hopper_attention(hopper, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
+                      segments=None):
     """The TileLang pipeline: gate cumsum, kkt_solve (delta rule), then the fused state/output pass
     with the sequence loop inside the block (kernels.hopper.chunk_fwd: the warp-specialised chunk_fwd_ws for
-    K <= 128 with a scalar gate or none, the single-warp-group pass for the rest)."""
+    K <= 128 with a scalar gate or none, the single-warp-group pass for the rest). segments: a
+    kernels.hopper.seq_split.SegmentPlan to split long sequences (the benchmark's tilela_split row; the ops do
+    not pass one until the split has been measured)."""
     from .kernels.hopper.chunk_fwd import chunk_forward
 
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
@@ -81,7 +84,8 @@ def _hopper_attention(hopper, q, k, v, g, beta, scale, initial_state, output_fin
         A = hopper.kkt_solve(k, beta, g_cumsum, 64, cu_seqlens)
     if initial_state is not None:
         initial_state = initial_state.float().contiguous()
-    return chunk_forward(q, k, v, g_cumsum, beta, A, scale, initial_state, output_final_state, cu_seqlens)
+    return chunk_forward(q, k, v, g_cumsum, beta, A, scale, initial_state, output_final_state, cu_seqlens,
+                         segments=segments)
 
 
 def chunk_gated_delta_rule(

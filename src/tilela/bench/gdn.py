@@ -7,6 +7,8 @@ warms up until the decay has forgotten the past and so its speed depends on the 
   decay   g = logsigmoid(randn + 3) on every head
 Implementations (all given cu_seqlens and, where they take it, its host copy):
   tilela      tilela.chunk_gated_delta_rule (TileLang kernels end to end)
+  tilela_split  the same pipeline with the sequence split (kernels.hopper.seq_split.auto_plan; cases it does not
+              split are left out), to measure the split before the ops use it
   fla         fla.ops.gated_delta_rule.chunk_gated_delta_rule with FLA_FLASH_QLA=0 (Triton)
   flash_qla   flash_qla.chunk_gated_delta_rule (TileLang)
 Grid: head configs (h_qk/h_v) 2/8, 4/16, 8/24, 16/32, 16/64, 32/32 x layouts 1x32768, 1x8192, 1x2048,
@@ -74,6 +76,20 @@ def _ours(case, x):
     return o
 
 
+def _ours_split(case, x):
+    from tilela import ops
+    from tilela.kernels import hopper
+    from tilela.kernels.hopper.seq_split import auto_plan
+
+    p = case.params
+    plan = auto_plan(p["lengths"], p["HV"], torch.cuda.get_device_properties(x["q"].device).multi_processor_count)
+    if plan is None:
+        return None
+    o, _ = ops._hopper_attention(hopper, x["q"], x["k"], x["v"], x["g"], x["beta"], p["K"] ** -0.5,
+                                 x["initial_state"], True, x.get("cu_seqlens"), segments=plan)
+    return o
+
+
 def _fla(case, x):
     fla = _try_import("fla.ops.gated_delta_rule")
     if fla is None:
@@ -117,7 +133,7 @@ BENCH = Bench(
     cases=cases,
     check_cases=[_case((2, 8), "1x2048", "mixed", (2048,)), _case((2, 6), "300+1+77+64", "decay", (300, 1, 77, 64))],
     make_inputs=make_inputs,
-    impls={"tilela": _ours, "fla": _fla, "flash_qla": _flash_qla},
+    impls={"tilela": _ours, "tilela_split": _ours_split, "fla": _fla, "flash_qla": _flash_qla},
     reference=_reference,
     cost=cost,
 )

@@ -43,6 +43,19 @@ class SegmentPlan:
         return cls(segment_chunks, sum(counts), max(counts, default=1))
 
 
+def auto_plan(lengths, heads: int, sms: int, min_chunks: int = 8) -> SegmentPlan | None:
+    """A split for sequences of these lengths over `heads` value heads on `sms` SMs, or None where the unsplit pass
+    already fills half the SMs (2 x sequences x heads CTAs at DV blocks of K / 2 >= sms / 2) or no sequence has
+    8 segments' worth of chunks. Segments of at least min_chunks chunks (the transitions cost about one more
+    state pass), sized so that segments x heads fill about one wave at DV blocks of K.  A first guess from the
+    unsplit pass's measured chunk period (NOTES.md), used by the benchmark's `tilela_split` row until the split
+    is measured."""
+    chunks = [math.ceil(n / CHUNK) for n in lengths]
+    if 4 * len(chunks) * heads >= sms or max(chunks, default=0) < 8 * min_chunks:
+        return None
+    return SegmentPlan.of(lengths, max(min_chunks, math.ceil(sum(chunks) * heads / sms)))
+
+
 def segment_table(cu_seqlens: torch.Tensor, plan: SegmentPlan):
     """(cu_segments int32 [S + 1], first segment int64 [N], segment count int64 [N]) on cu_seqlens's device."""
     cu = cu_seqlens.long()
