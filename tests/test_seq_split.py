@@ -66,7 +66,7 @@ def _problem(gate, delta, lengths, B=1, T=None, H=1, G=2, K=8, V=12, seed=0):
 def _stand_in(g_raw):
     """A float64 state pass with the contract split_forward drives (varlen layout): reference layer B over the
     segments, from the raw gate (segments start at chunk boundaries, so its chunk-local cumsum is g_cumsum)."""
-    def state_pass(q, k, v, g_cumsum, beta, A, scale, h0, cu_seqlens, store_output):
+    def state_pass(q, k, v, g_cumsum, beta, A, scale, h0, cu_seqlens, store_output, store_final_state):
         g1 = None if g_raw is None else g_raw.reshape(1, -1, g_raw.shape[2])
         return reference.chunked(q, k, v, g=g1, beta=beta, scale=scale, initial_state=h0,
                                  cu_seqlens=cu_seqlens.long())

@@ -305,12 +305,12 @@ def _static(q, v, g_cumsum, beta, A, scale, initial_state, output_final_state, c
             bool(output_final_state))
 
 
-def _ws_state_pass(q, k, v, g_cumsum, beta, A, scale, h0, cu_seqlens, store_output):
-    """The warp-specialised pass in the sequence split's contract (varlen, initial state in, final state out)."""
-    static = _static(q, v, g_cumsum, beta, A, scale, h0, True, cu_seqlens)
+def _ws_state_pass(q, k, v, g_cumsum, beta, A, scale, h0, cu_seqlens, store_output, store_final_state):
+    """The warp-specialised pass in the sequence split's contract (varlen, initial state in)."""
+    static = _static(q, v, g_cumsum, beta, A, scale, h0, store_final_state, cu_seqlens)
     block_DV = chunk_fwd_ws.default_block_DV(q.shape[3], v.shape[3], (cu_seqlens.shape[0] - 1) * v.shape[2])
     kernel = compiled(chunk_fwd_ws.chunk_fwd_ws_kernel, *static, block_DV, store_output, warp_specialized=True)
-    return _launch(kernel, q, k, v, g_cumsum, beta, A, h0, True, cu_seqlens)
+    return _launch(kernel, q, k, v, g_cumsum, beta, A, h0, store_final_state, cu_seqlens)
 
 
 def chunk_forward(
@@ -344,7 +344,7 @@ def chunk_forward(
     if ws and kernel != "loop":
         N = v.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
         block_DV = chunk_fwd_ws.default_block_DV(K, V, N * v.shape[2])
-        compiled_kernel = compiled(chunk_fwd_ws.chunk_fwd_ws_kernel, *static, block_DV, warp_specialized=True)
+        compiled_kernel = compiled(chunk_fwd_ws.chunk_fwd_ws_kernel, *static, block_DV, True, warp_specialized=True)
     else:
         compiled_kernel = compiled(chunk_fwd_kernel, *static, *default_config(K, gate, delta, dtype),
                                    warp_specialized=True)

@@ -42,9 +42,11 @@ from .. import exp_e
 
 GROUP = 128  # threads of a warp group
 GATES = ("none", "scalar")
-# registers per thread after setmaxnreg: 3 x 160 + 32 = 512 (65536 registers over 512 threads, 128 at launch)
-CONSUMER_REGS = 160
-LOAD_REGS = 32
+# registers per thread after setmaxnreg, 160 + 152 + 152 + 48 = 512 (65536 over 512 threads, 128 at launch): the
+# state group holds S (K x DV / 128 fp32), the load group's gc/beta warp spills below 48
+STATE_REGS = 160
+VALUE_REGS = OUTPUT_REGS = 152
+LOAD_REGS = 48
 
 
 def chunk_fwd_ws_kernel(
@@ -144,7 +146,7 @@ def chunk_fwd_ws_kernel(
 
             tx = T.get_thread_binding()
             if tx < GROUP:  # state
-                T.set_max_nreg(CONSUMER_REGS, 1)
+                T.set_max_nreg(STATE_REGS, 1)
                 decay = T.alloc_local([1], accum)
                 if use_initial_state:
                     T.copy(h0[bn, bh, 0:K, v0 : v0 + block_DV], S_f)
@@ -170,7 +172,7 @@ def chunk_fwd_ws_kernel(
                     T.copy(S_f, ht[bn, bh, 0:K, v0 : v0 + block_DV])
 
             elif tx < 2 * GROUP:  # value
-                T.set_max_nreg(CONSUMER_REGS, 1)
+                T.set_max_nreg(VALUE_REGS, 1)
                 for c in T.serial(n_chunks):
                     s = c % 2
                     T.barrier_wait(loaded[s], (c // 2) % 2)
@@ -205,7 +207,7 @@ def chunk_fwd_ws_kernel(
 
             elif tx < 3 * GROUP:  # output
                 if store_output:
-                    T.set_max_nreg(CONSUMER_REGS, 1)
+                    T.set_max_nreg(OUTPUT_REGS, 1)
                     for c in T.serial(n_chunks):
                         s = c % 2
                         t0 = t_start + c * C

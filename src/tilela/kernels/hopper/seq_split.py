@@ -13,9 +13,11 @@ Segments begin at chunk boundaries of their sequence, so the chunk-local gc and 
 empty sequence keeps one empty segment (its final state is its initial state). Every table is built on the device
 from cu_seqlens and host sizes only (SegmentPlan), so nothing synchronises with the host.
 
-The passes are given as `state_pass(q, k, v, g_cumsum, beta, A, scale, h0, cu_seqlens, store_output) -> (o, ht)`
-(varlen layout, initial state in, final state out): the TileLang pass on the GPU, any other implementation of the
-same contract elsewhere.
+The passes are given as `state_pass(q, k, v, g_cumsum, beta, A, scale, h0, cu_seqlens, store_output,
+store_final_state) -> (o, ht)` (varlen layout, initial state in): the TileLang pass on the GPU, any other
+implementation of the same contract elsewhere. The transitions' pass leaves o unwritten (its buffer is still
+allocated: the kernel's launch contract fixes o's shape). The combine runs torch.matmul in fp32, so it honours a
+caller's TF32 setting (PyTorch's default keeps it off).
 """
 
 import math
@@ -73,7 +75,8 @@ def segment_table(cu_seqlens: torch.Tensor, plan: SegmentPlan):
 def split_forward(state_pass, q, k, v, g_cumsum, beta, A, scale, initial_state, output_final_state, cu_seqlens,
                   plan: SegmentPlan):
     """The state/output pass of the unsplit call ((o [B,T,HV,V], final state [N,HV,K,V] fp32 or None)), computed
-    segment-parallel; arguments as kernels.hopper.chunk_fwd.chunk_forward."""
+    segment-parallel; arguments as kernels.hopper.chunk_fwd.chunk_forward. plan must be SegmentPlan.of(the
+    call's sequence lengths): the device-side tables cannot check it without a host synchronisation."""
     B, Tn, HV, V = v.shape
     K = q.shape[-1]
     flat = lambda x: None if x is None else x.reshape(1, B * Tn, *x.shape[2:])  # noqa: E731
@@ -86,7 +89,7 @@ def split_forward(state_pass, q, k, v, g_cumsum, beta, A, scale, initial_state, 
     v_ext = torch.cat([v1, v1.new_zeros(1, B * Tn, HV, K)], dim=-1)
     h_ext = torch.zeros(plan.num_segments, HV, K, V + K, device=v.device, dtype=torch.float32)
     h_ext[..., V:] = torch.eye(K, device=v.device, dtype=torch.float32)
-    _, BM = state_pass(q1, k1, v_ext, g1, beta1, A1, scale, h_ext, cu_seg, False)
+    _, BM = state_pass(q1, k1, v_ext, g1, beta1, A1, scale, h_ext, cu_seg, False, True)
     B_seg, M_seg = BM[..., :V], BM[..., V:]
 
     S = torch.zeros_like(B_seg[:N]) if initial_state is None else initial_state.to(B_seg.dtype)
@@ -97,6 +100,6 @@ def split_forward(state_pass, q, k, v, g_cumsum, beta, A, scale, initial_state, 
         S_in.index_copy_(0, idx, torch.where(live, S, S_in[idx]))
         S = torch.where(live, M_seg[idx] @ S + B_seg[idx], S)
 
-    o, ht = state_pass(q1, k1, v1, g1, beta1, A1, scale, S_in, cu_seg, True)
+    o, ht = state_pass(q1, k1, v1, g1, beta1, A1, scale, S_in, cu_seg, True, bool(output_final_state))
     final = ht[first + count - 1] if output_final_state else None
     return o.view(B, Tn, HV, V), final
