@@ -10,7 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from tilela import reference
-from tilela.kernels.hopper.seq_split import SegmentPlan, auto_plan, segment_table, split_forward
+from tilela.kernels.hopper.seq_split import (CHUNK_MS, COMBINE_STEP_MS, SegmentPlan, auto_plan, modelled_ms,
+                                             segment_table, split_forward)
 
 F64 = torch.float64
 
@@ -32,15 +33,24 @@ def test_segment_plan_rejects_empty_segments():
 
 
 @pytest.mark.parametrize("lengths,heads,plan", [
-    ([32768], 8, SegmentPlan(32, 16, 16)),  # 512 chunks x 8 heads over 132 SMs: 16 segments of 32 chunks
-    ([32768], 32, SegmentPlan(125, 5, 5)),
-    ([32768], 64, None),  # 128 CTAs at DV K / 2 already
-    ([2048], 8, None),  # 32 chunks: shorter than 8 segments of 8
-    ([28672, 4096], 16, SegmentPlan(63, 10, 8)),
-    ([1024] * 8, 16, None),
+    ([32768], 8, SegmentPlan(64, 8, 8)),  # 16 CTAs for 512 chunks: 8 segments, modelled 0.51 against 1.28 ms
+    ([32768], 16, SegmentPlan(64, 8, 8)),
+    ([32768], 32, None),  # the split's extra pass outweighs what 64 more CTAs bring
+    ([8192], 8, SegmentPlan(16, 8, 8)),
+    ([2048], 8, None),
+    ([28672, 4096], 8, SegmentPlan(64, 8, 7)),
+    ([1024] * 8, 8, None),
 ])
 def test_auto_plan_splits_only_long_sequences_on_small_grids(lengths, heads, plan):
     assert auto_plan(lengths, heads, 132) == plan
+
+
+def test_modelled_split_time_adds_both_passes_and_the_combine():
+    plan = SegmentPlan.of([32768], 64)
+    # transitions: 8 x 8 CTAs at V = 2K, DV K (128 CTAs, one wave); outputs: 64 CTAs at DV K / 2 (128, one wave)
+    expected = 64 * CHUNK_MS["full"] + 64 * CHUNK_MS["half"] + 8 * COMBINE_STEP_MS
+    assert modelled_ms([32768], 8, 132, plan) == pytest.approx(expected)
+    assert modelled_ms([32768], 8, 132, None) == pytest.approx(512 * CHUNK_MS["half"])
 
 
 def _problem(gate, delta, lengths, B=1, T=None, H=1, G=2, K=8, V=12, seed=0):

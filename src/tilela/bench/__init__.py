@@ -89,6 +89,23 @@ def _try_import(name):
         return None
 
 
+def ours_split(x: dict[str, Any], lengths: list[int], K: int) -> torch.Tensor | None:
+    """o of our Hopper pipeline with the sequence split (kernels.hopper.seq_split.auto_plan over x's sequences and
+    value heads), or None where the plan leaves the call unsplit. x: q, k, v, initial_state and optionally g, beta,
+    cu_seqlens."""
+    from tilela import ops
+    from tilela.kernels import hopper
+    from tilela.kernels.hopper.seq_split import auto_plan
+
+    v = x["v"]
+    plan = auto_plan(lengths, v.shape[2], torch.cuda.get_device_properties(v.device).multi_processor_count, K)
+    if plan is None:
+        return None
+    o, _ = ops._hopper_attention(hopper, x["q"], x["k"], v, x.get("g"), x.get("beta"), K**-0.5, x["initial_state"],
+                                 True, x.get("cu_seqlens"), segments=plan)
+    return o
+
+
 def _attempt(fn, *args):
     """(fn(*args), None), or (None, the error as text): one failing implementation must not end the run."""
     try:

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from tilela import reference
 
-from . import Bench, Case, _try_import
+from . import Bench, Case, _try_import, ours_split
 
 DIM = 128
 CHUNK = 64
@@ -77,17 +77,7 @@ def _ours(case, x):
 
 
 def _ours_split(case, x):
-    from tilela import ops
-    from tilela.kernels import hopper
-    from tilela.kernels.hopper.seq_split import auto_plan
-
-    p = case.params
-    plan = auto_plan(p["lengths"], p["HV"], torch.cuda.get_device_properties(x["q"].device).multi_processor_count)
-    if plan is None:
-        return None
-    o, _ = ops._hopper_attention(hopper, x["q"], x["k"], x["v"], x["g"], x["beta"], p["K"] ** -0.5,
-                                 x["initial_state"], True, x.get("cu_seqlens"), segments=plan)
-    return o
+    return ours_split(x, case.params["lengths"], case.params["K"])
 
 
 def _fla(case, x):

@@ -45,17 +45,46 @@ class SegmentPlan:
         return cls(segment_chunks, sum(counts), max(counts, default=1))
 
 
-def auto_plan(lengths, heads: int, sms: int, min_chunks: int = 8) -> SegmentPlan | None:
-    """A split for sequences of these lengths over `heads` value heads on `sms` SMs, or None where the unsplit pass
-    already fills half the SMs (2 x sequences x heads CTAs at DV blocks of K / 2 >= sms / 2) or no sequence has
-    8 segments' worth of chunks. Segments of at least min_chunks chunks (the transitions cost about one more
-    state pass), sized so that segments x heads fill about one wave at DV blocks of K.  A first guess from the
-    unsplit pass's measured chunk period (NOTES.md), used by the benchmark's `tilela_split` row until the split
-    is measured."""
-    chunks = [math.ceil(n / CHUNK) for n in lengths]
-    if 4 * len(chunks) * heads >= sms or max(chunks, default=0) < 8 * min_chunks:
-        return None
-    return SegmentPlan.of(lengths, max(min_chunks, math.ceil(sum(chunks) * heads / sms)))
+# Cost model of the split (ms), from the H200 measurements in benchmarks/NOTES.md (2026-11-30): one chunk of the
+# warp-specialised pass costs a CTA ~2.5 us at DV blocks of K / 2 and ~3.6 us at K, whatever the grid (the pass is
+# bound by each CTA's serial chunk chain; one CTA per SM). The combine step is a guess (five small kernels).
+CHUNK_MS = {"half": 2.5e-3, "full": 3.6e-3}
+COMBINE_STEP_MS = 1.5e-2
+SEGMENT_CHUNKS = (8, 16, 32, 64, 128, 256)
+
+
+def _pass_ms(K: int, V: int, grid: int, chunks: int, sms: int) -> float:
+    from .chunk_fwd_ws import default_block_DV
+
+    block = default_block_DV(K, V, grid)
+    return math.ceil(grid * (V // block) / sms) * chunks * CHUNK_MS["full" if block == K else "half"]
+
+
+def modelled_ms(lengths, heads: int, sms: int, plan: SegmentPlan | None, K: int = 128) -> float:
+    """Modelled time of the state/output pass unsplit (plan None) or split: transitions (value [V | 0]), combine
+    steps and outputs, each pass as waves of CTAs times the longest chain of chunks."""
+    longest = max((math.ceil(n / CHUNK) for n in lengths), default=0)
+    if plan is None:
+        return _pass_ms(K, K, len(lengths) * heads, longest, sms)
+    chain = min(plan.segment_chunks, longest)
+    grid = plan.num_segments * heads
+    return (_pass_ms(K, 2 * K, grid, chain, sms) + _pass_ms(K, K, grid, chain, sms)
+            + plan.max_per_sequence * COMBINE_STEP_MS)
+
+
+def auto_plan(lengths, heads: int, sms: int, K: int = 128, margin: float = 0.8) -> SegmentPlan | None:
+    """The segment size (from SEGMENT_CHUNKS) whose modelled time is lowest, if it beats the unsplit pass's by the
+    margin; else None. A model until the split is measured (the benchmark's `tilela_split` row uses it)."""
+    longest = max((math.ceil(n / CHUNK) for n in lengths), default=0)
+    best, best_ms = None, margin * modelled_ms(lengths, heads, sms, None, K)
+    for segment_chunks in SEGMENT_CHUNKS:
+        if segment_chunks >= longest:
+            break
+        plan = SegmentPlan.of(lengths, segment_chunks)
+        ms = modelled_ms(lengths, heads, sms, plan, K)
+        if ms < best_ms:
+            best, best_ms = plan, ms
+    return best
 
 
 def segment_table(cu_seqlens: torch.Tensor, plan: SegmentPlan):
