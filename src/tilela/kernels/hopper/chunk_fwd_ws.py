@@ -18,7 +18,8 @@ The four warp groups and what each owns (state on chip for the whole sequence, f
                                Vd_s = exp(gc_last - gc) Vnew (rows past the sequence end zeroed)
                                (plain update: Vd_s = exp(gc_last - gc) V only)
     output  (threads 256-383)  P = Q K^T (before S is ready), Q S, O = ... + P Vnew, stores O
-    load    (threads 384-511)  one warp issues the TMA loads of q, k, v, A; one warp loads gc and beta
+    load    (threads 384-511)  one warp issues the TMA loads of q (for the output), k, v, A; one warp loads gc,
+                               beta and the exp factors of gc; the other two warps idle
 Every hand-over is a buffer with n slots (chunk c uses slot c % n) and one mbarrier pair per slot: "ready"
 completes when the slot holds chunk c (wait parity (c // n) % 2), "free"/"read" when its readers are done with it
 (the writer of chunk c waits parity (c // n + 1) % 2, which a fresh barrier passes: no wait for the first n chunks):
@@ -63,8 +64,8 @@ def chunk_fwd_ws_kernel(
     block_DV=128,
     store_output=True,
 ):
-    """Build the warp-specialised state/output pass for static head sizes (K in {64, 128}), gate kind ("none" or
-    "scalar"), update rule and DV block (64 or 128).  Batch, length, head counts and the varlen layout are dynamic.
+    """Build the warp-specialised state/output pass for static head sizes (K in {64, 128}; V = K, or 2K for the
+    sequence split's transitions), gate kind ("none" or "scalar"), update rule and DV block (K / 2 or K).  Batch, length, head counts and the varlen layout are dynamic.
     Grid: (V // block_DV, N sequences, HV), 512 threads.  Inputs absent for a configuration (g without a gate; beta
     and A for the plain update) are one-element placeholders.  store_output=False drops the output group (its
     warps idle, o is not written): the state pass alone, as the sequence split's transitions need it."""
