@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from tilela import reference
+from tilela.bench import rel_l2
 
 pytestmark = pytest.mark.gpu
 
@@ -20,11 +21,6 @@ from tilela.kernels.hopper.chunk_fwd import chunk_forward  # noqa: E402
 from tilela.kernels.hopper.seq_split import SegmentPlan  # noqa: E402
 
 TOL = 1e-2
-
-
-def rel_l2(x, ref):
-    x, ref = x.double().cpu(), ref.double().cpu()
-    return ((x - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
 def make_inputs(B, T, H, HV, K, dtype, beta_dtype, gate, seed):

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from tilela import reference
+from tilela.bench import rel_l2
 
 pytestmark = pytest.mark.gpu
 
@@ -24,11 +25,6 @@ DEV = "cuda"
 # rel L2 of A - I vs float64 (the exact diagonal would hide errors): output rounding alone gives 1.7e-3 (bf16)
 # and 2e-4 (fp16); tf32 coupling products and the fp16 Neumann operands add a few 1e-4.
 TOL = {torch.bfloat16: 4e-3, torch.float16: 1.5e-3}
-
-
-def rel_l2(x, ref):
-    x, ref = x.double().cpu(), ref.double().cpu()
-    return ((x - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
 def chunk_identity(B, T, HV, C, cu):

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from tilela import reference
+from tilela.bench import rel_l2
 
 pytestmark = pytest.mark.gpu
 
@@ -40,11 +41,6 @@ CASES = {  # a varlen and a dense layout per level
                             cu_seqlens=[0, 1, 65, 66, 130, 200, 263, 300]),
     "dense_64_fp16_no_h0": dict(B=2, T=150, H=1, HV=2, K=64, dtype=torch.float16, use_h0=False),
 }
-
-
-def rel_l2(x, ref):
-    x, ref = x.double().cpu(), ref.double().cpu()
-    return ((x - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
 def make_inputs(B, T, H, HV, K, dtype, gate, seed):

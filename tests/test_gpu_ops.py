@@ -11,12 +11,9 @@ import torch.nn.functional as F
 
 import tilela
 from tilela import reference
+from tilela.bench import rel_l2
 
 pytestmark = pytest.mark.gpu
-
-
-def rel_l2(x, ref):
-    return float((x.double().cpu() - ref).norm() / ref.norm())
 
 
 def make(lengths, B, h_qk, h_v, dim, dtype, gate, seed):

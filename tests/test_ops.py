@@ -8,13 +8,10 @@ import torch.nn.functional as F
 
 import tilela
 from tilela import reference
+from tilela.bench import rel_l2
 
 LENGTHS = (1, 70, 0, 130, 5)
 H, HV, K, V = 2, 6, 16, 24
-
-
-def rel_l2(x, ref):
-    return float((x.double() - ref).norm() / ref.norm())
 
 
 def make_inputs(dtype=torch.float32, seed=0):
