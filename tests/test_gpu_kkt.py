@@ -2,8 +2,9 @@
 
 Realistic inputs (l2-normalised k, beta in (0, 1), gates from none to strong decay), dense batches and varlen
 layouts with short tails and length-1 sequences, GVA ratios 1 to 4 (odd ratios take the one-head-per-pass
-kernel), K = 64 / 128 / 256; plus the two degenerate checks of seed 000 §4: beta = 0 gives I, and a matrix whose
-only non-zero off-diagonal block is L_10 (or M_10) gives exactly -L_10 there.
+kernel), K = 64 / 128 / 256, and the per-key-channel gate (KDA); plus the two degenerate checks of seed 000 §4:
+beta = 0 gives I, and a matrix whose only non-zero off-diagonal block is L_10 (or M_10) gives exactly -L_10
+there.
 """
 
 import math
@@ -104,6 +105,29 @@ def test_kkt_solve(chunk, method, gate, dtype, kind, heads):
     gc = None if g is None else reference.chunk_local_cumsum(g, chunk, cu).float()
     A = kkt_solve(k.to(DEV), beta.to(DEV), None if gc is None else gc.to(DEV), chunk,
                   None if cu is None else cu.to(DEV), method)
+    ref = reference.kkt_solve(k, beta, gc, chunk, cu)
+    assert A.dtype == dtype and A.shape == (B, T, HV, chunk)
+    assert torch.isfinite(A).all()
+    assert offdiag_err(A, ref, cu) < TOL[dtype]
+
+
+# per-key-channel gate (KDA): every chunk / method, bf16 and fp16, dense and varlen, GVA 2 (one value head per pass)
+CHANNEL_CASES = [(c, m, dtype, kind) for c, m in KKT_METHODS for dtype in (torch.bfloat16, torch.float16)
+                 for kind in ("dense", "varlen")]
+
+
+@pytest.mark.parametrize("chunk,method,dtype,kind", CHANNEL_CASES)
+def test_kkt_solve_per_channel_gate(chunk, method, dtype, kind):
+    """KDA-like gate: logsigmoid per key channel, per-token values down to -5 (a channel can decay by e^-80 in 16
+    tokens, the kernel's exactness bound), a quarter of the channels without decay."""
+    gen = torch.Generator().manual_seed(chunk * 11 + len(kind))
+    B, T, cu = layout(kind, gen)
+    H, HV, K = 2, 4, 128
+    k, beta = make_inputs(B, T, H, HV, K, dtype, gen)
+    g = torch.nn.functional.logsigmoid(2 * torch.randn(B, T, HV, K, generator=gen) - 1).clamp_min(-5)
+    g[..., : K // 4] = 0
+    gc = reference.chunk_local_cumsum(g, chunk, cu).float()
+    A = kkt_solve(k.to(DEV), beta.to(DEV), gc.to(DEV), chunk, None if cu is None else cu.to(DEV), method)
     ref = reference.kkt_solve(k, beta, gc, chunk, cu)
     assert A.dtype == dtype and A.shape == (B, T, HV, chunk)
     assert torch.isfinite(A).all()

@@ -23,17 +23,17 @@ DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "
 
 # The static configurations we ship (each one compiled by tests/test_compile.py):
 #   chunk_local_cumsum_kernel(chunk, g dtype)
-#   kkt_solve_kernel(chunk, method, k dtype, gated, value heads per pass); "blocked" at chunk 16 is the plain
-#   in-place forward substitution of the 16x16 block (no coupling level)
+#   kkt_solve_kernel(chunk, method, k dtype, gated, value heads per pass, per-channel gate); "blocked" at chunk 16
+#   is the plain in-place forward substitution of the 16x16 block (no coupling level)
 CUMSUM_CONFIGS = [(C, d) for C in (16, 32, 64) for d in ("float32", "bfloat16", "float16")]
 KKT_METHODS = [(16, "blocked"), (32, "blocked"), (64, "blocked"), (16, "neumann"), (32, "neumann"), (64, "neumann")]
 KKT_CONFIGS = [
-    (C, m, d, gated, pair)
+    (C, m, d, gated, pair, False)
     for C, m in KKT_METHODS
     for d in ("bfloat16", "float16")
     for gated in (False, True)
     for pair in (1, 2)
-]
+] + [(C, m, d, True, 1, True) for C, m in KKT_METHODS for d in ("bfloat16", "float16")]
 
 
 def available(*tensors: torch.Tensor) -> bool:
@@ -95,16 +95,18 @@ def kkt_solve(
 ) -> torch.Tensor:
     """A = (I + strictLower(diag(beta) (Gamma ⊙ K K^T)))^-1 per chunk, [B,T,HV,C] in k's dtype.
 
-    k [B,T,H,K] (K a multiple of 64), beta [B,T,HV], g [B,T,HV] the chunk-local cumsum (natural log) or None."""
+    k [B,T,H,K] (K a multiple of 64), beta [B,T,HV], g the chunk-local cumsum (natural log) of a scalar gate
+    [B,T,HV], of a per-key-channel gate [B,T,HV,K] (KDA; one value head per pass), or None."""
     B, Tn, H, K = k.shape
     HV = beta.shape[2]
     A = torch.empty(B, Tn, HV, chunk_size, device=k.device, dtype=k.dtype)
     cu, num_slots, dense_len, steps = _schedule(k, cu_seqlens)
     if num_slots == 0:
         return A
-    pair = 2 if (HV // H) % 2 == 0 else 1
-    kernel = compiled(kkt_solve_kernel, chunk_size, method, DTYPES[k.dtype], g is not None, pair)
-    gate = _placeholder(k.device, torch.float32).view(1, 1, 1) if g is None else g.reshape(1, B * Tn, HV)
+    channel = g is not None and g.dim() == 4
+    pair = 2 if (HV // H) % 2 == 0 and not channel else 1
+    kernel = compiled(kkt_solve_kernel, chunk_size, method, DTYPES[k.dtype], g is not None, pair, channel)
+    gate = _placeholder(k.device, torch.float32).view(1, 1, 1) if g is None else g.reshape(1, B * Tn, *g.shape[2:])
     kernel(k.reshape(1, B * Tn, H, K), beta.reshape(1, B * Tn, HV).float(), gate.float(), cu,
            A.view(1, B * Tn, HV, chunk_size), HV // H, num_slots, dense_len, steps)
     return A

@@ -9,7 +9,9 @@ recursion over reference.inverse.neumann_inverse_16 ("neumann"); seeds 000 (bloc
 
 One CTA owns a 64-row tile of one sequence and one q/k head: K K^T is formed once (bf16/fp16 wgmma, fp32
 accumulator), its ten lower 16x16 blocks are kept in shared memory, and the head's G value heads are processed
-P at a time from them (P = 2 when G is even: the forward substitution then keeps all 128 threads busy). A tile
+P at a time from them (P = 2 when G is even: the forward substitution then keeps all 128 threads busy). With a
+per-key-channel gate (KDA: Gamma_ijd = exp(g_id - g_jd)) the scores differ per value head: each value head forms
+its own ten blocks, one 64x64 product per 16-row block against a reference gate (gated_kkt), P = 1. A tile
 holds 64 / C independent chunks, so the tile matrix is block diagonal with C x C blocks, each inverted by the
 recursion of seed 000:
 
@@ -41,10 +43,16 @@ ACC = "float32"
 MIN_BLOCKS = 4  # caps registers at 128 per thread: four CTAs per SM (shared memory allows it too)
 
 
-def kkt_solve_kernel(chunk: int, method: str, dtype: str, gated: bool, pair: int) -> T.PrimFunc:
-    """Build the prim_func for static (chunk, method, dtype, gated, pair); every size (tokens, heads, K,
-    sequences) is symbolic, so a new T, head count or varlen layout reuses the compiled kernel."""
+def kkt_solve_kernel(chunk: int, method: str, dtype: str, gated: bool, pair: int, channel: bool = False
+                     ) -> T.PrimFunc:
+    """Build the prim_func for static (chunk, method, dtype, gated, pair, channel); every size (tokens, heads, K,
+    sequences) is symbolic, so a new T, head count or varlen layout reuses the compiled kernel. channel: the gate
+    is per key channel (KDA; gated, one value head per pass)."""
     C, P = chunk, pair
+    row_blocks = tuple(range(TILE // BLOCK))
+    if channel and not (gated and pair == 1):
+        raise ValueError(f"a per-channel gate needs gated=True and pair=1, got gated={gated}, pair={pair}")
+    score_dtype = "float32" if dtype == "float16" else dtype  # k_j exp(R - g_j) may pass fp16's 65504
     NB = TILE // BLOCK  # diagonal 16x16 blocks per tile
     num_tokens, H, HV = T.dynamic("num_tokens"), T.dynamic("H"), T.dynamic("HV")  # HV = G * H
     K = T.dynamic("KB") * 64  # K a multiple of 64: column bounds checks are uniform over 16-byte vectors
@@ -57,7 +65,7 @@ def kkt_solve_kernel(chunk: int, method: str, dtype: str, gated: bool, pair: int
         rows past the sequence end (selected, not multiplied: their exponent is unbounded)."""
         i = bi * BLOCK + r
         v = beta_s[p, i] * KKs[bi * (bi + 1) // 2 + bj, r, c]
-        if gated:
+        if gated and not channel:  # (a per-channel gate is inside KKs already)
             v = v * T.exp2(g_s[p, i] - g_s[p, bj * BLOCK + c])
         return T.if_then_else(i < rows, v, 0.0)
 
@@ -88,11 +96,38 @@ def kkt_solve_kernel(chunk: int, method: str, dtype: str, gated: bool, pair: int
                         Xd[p * NB + i // BLOCK, i % BLOCK, j % BLOCK] += F[i, j]
                         X_a[p, i, j % BLOCK] = Xd[p * NB + i // BLOCK, i % BLOCK, j % BLOCK]
 
+    @T.macro
+    def gated_kkt(hv, k, g, k_s, Qr, Kr, KK, KKs, hk, start, end):
+        """KKs <- the lower 16x16 blocks of (Gamma ⊙ K K^T) for value head hv under a per-channel gate:
+        exp(g_id - g_jd) = exp(g_id - R_ad) exp(R_ad - g_jd) with R_a the gate at the first row of row block a, so
+        off the diagonal block both exponents are <= 0 and on it the positive one spans at most 16 tokens (exact
+        while no channel decays by more than e^-80 within 16 tokens, as in chunk_fwd.py). One 64 x 64 product per
+        row block a: rows outside a and columns outside a's chunk or past a's last row are zeros. Rows past the
+        sequence end read the gate of its last row (finite; their entries are masked at extraction)."""
+        for a in row_blocks:
+            ref = T.min(start + a * BLOCK, end - 1)
+            T.clear(KK)
+            for kb in T.serial(T.ceildiv(K, KSTEP)):
+                T.copy(k[0, start:start + TILE, hk, kb * KSTEP:(kb + 1) * KSTEP], k_s)
+                for i, d in T.Parallel(TILE, KSTEP):
+                    Qr[i, d] = T.if_then_else(
+                        i // BLOCK == a and kb * KSTEP + d < K,
+                        k_s[i, d] * T.exp2((g[0, T.min(start + i, end - 1), hv, kb * KSTEP + d]
+                                            - g[0, ref, hv, kb * KSTEP + d]) * LOG2E), 0.0)
+                    Kr[i, d] = T.if_then_else(
+                        i // C == a * BLOCK // C and i < (a + 1) * BLOCK and kb * KSTEP + d < K,
+                        k_s[i, d] * T.exp2((g[0, ref, hv, kb * KSTEP + d]
+                                            - g[0, T.min(start + i, end - 1), hv, kb * KSTEP + d]) * LOG2E), 0.0)
+                T.gemm(Qr, Kr, KK, transpose_B=True)
+            for i, j in T.Parallel(TILE, TILE):
+                if i // BLOCK == a and j // BLOCK <= a:
+                    KKs[a * (a + 1) // 2 + j // BLOCK, i % BLOCK, j % BLOCK] = KK[i, j]
+
     @T.prim_func
     def kkt_solve(
         k: T.Tensor((1, num_tokens, H, K), dtype),
         beta: T.Tensor((1, num_tokens, HV), ACC),
-        g: T.Tensor((1, g_tokens, g_heads), ACC),
+        g: T.Tensor((1, g_tokens, g_heads, K) if channel else (1, g_tokens, g_heads), ACC),
         cu_seqlens: T.Tensor((num_bounds,), "int32"),
         A: T.Tensor((1, num_tokens, HV, C), dtype),
         G: T.int32,
@@ -133,6 +168,9 @@ def kkt_solve_kernel(chunk: int, method: str, dtype: str, gated: bool, pair: int
                     X00 = T.alloc_shared((P, 32, 32), "float16")
                     X11 = T.alloc_shared((P, 32, 32), "float16")
                     F32 = T.alloc_fragment((32, 32), ACC)
+                if channel:  # row block a's scores against the reference R_a = g at its first row
+                    Qr = T.alloc_shared((TILE, KSTEP), score_dtype)  # k_i exp(g_i - R_a), rows of block a
+                    Kr = T.alloc_shared((TILE, KSTEP), score_dtype)  # k_j exp(R_a - g_j), j in a's chunk, j < a's end
                 if method == "neumann":
                     Q_a = T.alloc_shared((P, TILE, BLOCK), "float16")
                     Q_b = T.alloc_shared((P, BLOCK, TILE), "float16")
@@ -140,21 +178,24 @@ def kkt_solve_kernel(chunk: int, method: str, dtype: str, gated: bool, pair: int
                     F = T.alloc_fragment((TILE, TILE), ACC)
 
                 # K K^T of the tile, shared by the G value heads of q/k head hk; its lower blocks go to shared
-                T.clear(KK)
-                for kb in T.serial(T.ceildiv(K, KSTEP)):
-                    T.copy(k[0, start:start + TILE, hk, kb * KSTEP:(kb + 1) * KSTEP], k_s)
-                    T.gemm(k_s, k_s, KK, transpose_B=True)
-                for i, j in T.Parallel(TILE, TILE):
-                    if i // BLOCK >= j // BLOCK:
-                        KKs[(i // BLOCK) * (i // BLOCK + 1) // 2 + j // BLOCK, i % BLOCK, j % BLOCK] = KK[i, j]
+                if not channel:
+                    T.clear(KK)
+                    for kb in T.serial(T.ceildiv(K, KSTEP)):
+                        T.copy(k[0, start:start + TILE, hk, kb * KSTEP:(kb + 1) * KSTEP], k_s)
+                        T.gemm(k_s, k_s, KK, transpose_B=True)
+                    for i, j in T.Parallel(TILE, TILE):
+                        if i // BLOCK >= j // BLOCK:
+                            KKs[(i // BLOCK) * (i // BLOCK + 1) // 2 + j // BLOCK, i % BLOCK, j % BLOCK] = KK[i, j]
 
                 for grp in T.serial(T.ceildiv(G, P)):
                     hv0 = hk * G + grp * P
                     for p, i in T.Parallel(P, TILE):
                         live = (i < rows) and (grp * P + p < G)
                         beta_s[p, i] = T.if_then_else(live, beta[0, start + i, hv0 + p], 0.0)
-                        if gated:
+                        if gated and not channel:
                             g_s[p, i] = T.if_then_else(live, g[0, start + i, hv0 + p] * LOG2E, 0.0)
+                    if channel:
+                        gated_kkt(hv0, k, g, k_s, Qr, Kr, KK, KKs, hk, start, end)
 
                     # extraction: I + L on the diagonal blocks, -L_10 and -M_10 off them (L_ij, i > j, same chunk)
                     for p, b, r, c in T.Parallel(P, NB, BLOCK, BLOCK):
