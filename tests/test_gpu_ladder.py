@@ -1,6 +1,7 @@
 """Ladder kernels on a Hopper GPU against the float64 reference stack (layer B, reference.chunked): levels 1
 linear_attn (sequence in the loop, and the §4 sequence-in-grid kernel), 2 simple_gla, 3 gla, 4 delta_rule, and
-the per-channel delta rule (KDA) the same builder produces.
+the per-channel delta rule (KDA) the same builder produces, also end to end on our kernels (kda_pipeline: gc and A
+from the cumsum and per-channel kkt_solve kernels).
 
 The state/output kernel gets the chunk-local cumsum gc and A = kkt_solve(...) from the reference, rounded to the
 kernel's input types (gc fp32, A in q's dtype), so each test isolates the state/output pass.  Varlen layouts hold
@@ -24,6 +25,7 @@ pytestmark = pytest.mark.gpu
 if not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)):
     pytest.skip("needs a Hopper GPU", allow_module_level=True)
 
+from tilela.kernels import hopper  # noqa: E402
 from tilela.kernels.hopper.chunk_fwd import chunk_forward  # noqa: E402
 from tilela.kernels.hopper.linear_attn_seq_in_grid import linear_attn_seq_in_grid  # noqa: E402
 
@@ -35,6 +37,7 @@ LEVELS = {  # name: (gate, delta rule)
     "gla": ("channel", False),
     "delta_rule": ("none", True),
     "kda": ("channel", True),
+    "kda_pipeline": ("channel", True),  # gc and A from our cumsum and per-channel kkt_solve kernels
 }
 CASES = {  # a varlen and a dense layout per level
     "varlen_128_bf16": dict(B=1, T=300, H=2, HV=4, K=128, dtype=torch.bfloat16,
@@ -75,6 +78,9 @@ def run_level(level, B, T, H, HV, K, dtype, cu_seqlens=None, use_h0=True, seed=0
         return None if x is None else x.to(dt or x.dtype).cuda()
 
     state = dict(initial_state=dev(h0, torch.float32), output_final_state=True, cu_seqlens=dev(cu))
+    if level == "kda_pipeline":
+        gc = hopper.chunk_local_cumsum(dev(g, torch.float32), 64, dev(cu))
+        A = hopper.kkt_solve(dev(k), dev(beta, torch.float32), gc, 64, dev(cu))
     if level == "linear_attn_seq_in_grid":
         o, ht = linear_attn_seq_in_grid(dev(q), dev(k), dev(v), scale, **state)
     else:
