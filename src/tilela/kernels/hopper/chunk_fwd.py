@@ -285,7 +285,7 @@ def _launch(kernel, q, k, v, g_cumsum, beta, A, initial_state, output_final_stat
         k,
         v,
         placeholder if g_cumsum is None else g_cumsum,
-        placeholder if beta is None else beta,
+        placeholder if A is None else beta,  # beta and A belong to the delta rule
         _placeholder(q.device, q.dtype) if A is None else A,
         h0,
         cu,
