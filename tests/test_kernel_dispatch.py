@@ -47,3 +47,14 @@ def test_sequence_split_needs_the_ws_pass():
         chunk_forward(*_inputs(256), 1.0, segments=SegmentPlan.of([64], 1))
     with pytest.raises(ValueError, match="segments: the sequence split runs on the warp-specialised pass"):
         chunk_forward(*_inputs(128), 1.0, kernel="loop", segments=SegmentPlan.of([64], 1))
+
+
+@pytest.mark.parametrize("kwargs", [dict(block_DV=32), dict(block_DV=64, kernel="loop"),
+                                    dict(block_DV=128, segments="plan")])
+def test_block_DV_is_for_the_unsplit_ws_pass(kwargs):
+    from tilela.kernels.hopper.seq_split import SegmentPlan
+
+    if kwargs.get("segments") == "plan":
+        kwargs["segments"] = SegmentPlan.of([64], 1)
+    with pytest.raises(ValueError, match="block_DV: the unsplit warp-specialised pass takes K = 128 or K / 2 = 64"):
+        chunk_forward(*_inputs(128), 1.0, **kwargs)

@@ -41,6 +41,7 @@ OPS = {
     "ladder": "tilela.bench.ladder",
     "kkt_solve": "tilela.bench.kkt_solve",
     "chunk_local_cumsum": "tilela.bench.cumsum",
+    "state_pass": "tilela.bench.state_pass",
 }
 
 

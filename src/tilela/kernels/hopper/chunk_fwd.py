@@ -315,7 +315,7 @@ def _ws_state_pass(q, k, v, g_cumsum, beta, A, scale, h0, cu_seqlens, store_outp
 
 def chunk_forward(
     q, k, v, g_cumsum, beta, A, scale, initial_state=None, output_final_state=False, cu_seqlens=None, *,
-    kernel="auto", segments=None,
+    kernel="auto", segments=None, block_DV=None,
 ):
     """State/output pass of every ladder level.  Returns (o [B,T,HV,V] in q's dtype, final state [N,HV,K,V] fp32
     or None).
@@ -327,6 +327,7 @@ def chunk_forward(
     file's single-warp-group pass (every configuration), "auto" the first that covers the call.
     segments: a seq_split.SegmentPlan of the call's sequence lengths to run the segments of each sequence in
     parallel (the warp-specialised pass only; seq_split.py), or None.
+    block_DV: the warp-specialised pass's DV block, K or K / 2 (None: chunk_fwd_ws.default_block_DV).
     """
     static = _static(q, v, g_cumsum, beta, A, scale, initial_state, output_final_state, cu_seqlens)
     K, V, _, gate, delta, dtype = static[:6]
@@ -336,6 +337,9 @@ def chunk_forward(
     if (kernel == "ws" or segments is not None) and not ws:
         raise ValueError(f"kernel='ws' covers K = V in (64, 128) with a scalar gate or none, got K={K}, V={V}, "
                          f"gate {gate!r}, {dtype}")
+    if block_DV is not None and (block_DV not in (K, K // 2) or not ws or kernel == "loop" or segments is not None):
+        raise ValueError(f"block_DV: the unsplit warp-specialised pass takes K = {K} or K / 2 = {K // 2}, got "
+                         f"{block_DV} (kernel={kernel!r}, covered: {ws}, split: {segments is not None})")
     if segments is not None:
         if kernel == "loop":
             raise ValueError("segments: the sequence split runs on the warp-specialised pass, got kernel='loop'")
@@ -343,7 +347,7 @@ def chunk_forward(
                                        output_final_state, cu_seqlens, segments)
     if ws and kernel != "loop":
         N = v.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
-        block_DV = chunk_fwd_ws.default_block_DV(K, V, N * v.shape[2])
+        block_DV = block_DV or chunk_fwd_ws.default_block_DV(K, V, N * v.shape[2])
         compiled_kernel = compiled(chunk_fwd_ws.chunk_fwd_ws_kernel, *static, block_DV, True, warp_specialized=True)
     else:
         compiled_kernel = compiled(chunk_fwd_kernel, *static, *default_config(K, gate, delta, dtype),
