@@ -12,10 +12,7 @@ Floor: q, k, v, A, g, beta read once, o written once, the state read and written
 Q K^T, P Vnew and K^T Vnew per chunk and value head.
 """
 
-import torch
-
-from . import Bench
-from . import gdn
+from . import Bench, gdn, split_plan
 
 LAYOUTS = ("1x32768", "1x8192")
 QUICK = [((16, 32), "1x32768"), ((2, 8), "1x32768"), ((32, 32), "1x8192")]
@@ -44,11 +41,7 @@ def _pass(x, **options):
 
 
 def _split(case, x):
-    from tilela.kernels.hopper.seq_split import auto_plan
-
-    p = case.params
-    plan = auto_plan(p["lengths"], p["HV"], torch.cuda.get_device_properties(x["v"].device).multi_processor_count,
-                     p["K"])
+    plan = split_plan(x["v"], case.params["lengths"], case.params["K"])
     return None if plan is None else _pass(x, segments=plan)
 
 

@@ -25,6 +25,12 @@ def exp_e(x):
     """exp(x) through the hardware exp2 unit."""
     return T.exp2(x * LOG2E)
 
+
+def channel_score_dtype(dtype: str) -> str:
+    """Operand dtype of per-channel gated scores k_j exp(R - g_j): the input dtype, except fp32 (tf32 MMAs) for
+    fp16 inputs, whose 65504 the factor exp(R - g_j) >= 1 may pass (bf16 has fp32's exponent range)."""
+    return "float32" if dtype == "float16" else dtype
+
 PASS_CONFIGS = {
     "tl.disable_warp_specialized": True,
     "tl.enable_fast_math": True,

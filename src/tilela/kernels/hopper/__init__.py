@@ -23,17 +23,17 @@ DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "
 
 # The static configurations we ship (each one compiled by tests/test_compile.py):
 #   chunk_local_cumsum_kernel(chunk, g dtype)
-#   kkt_solve_kernel(chunk, method, k dtype, gated, value heads per pass, per-channel gate); "blocked" at chunk 16
-#   is the plain in-place forward substitution of the 16x16 block (no coupling level)
+#   kkt_solve_kernel(chunk, method, k dtype, gate kind, value heads per pass); "blocked" at chunk 16 is the plain
+#   in-place forward substitution of the 16x16 block (no coupling level)
 CUMSUM_CONFIGS = [(C, d) for C in (16, 32, 64) for d in ("float32", "bfloat16", "float16")]
 KKT_METHODS = [(16, "blocked"), (32, "blocked"), (64, "blocked"), (16, "neumann"), (32, "neumann"), (64, "neumann")]
 KKT_CONFIGS = [
-    (C, m, d, gated, pair, False)
+    (C, m, d, gate, pair)
     for C, m in KKT_METHODS
     for d in ("bfloat16", "float16")
-    for gated in (False, True)
-    for pair in (1, 2)
-] + [(C, m, d, True, 1, True) for C, m in KKT_METHODS for d in ("bfloat16", "float16")]
+    for gate in ("none", "scalar", "channel")
+    for pair in ((1,) if gate == "channel" else (1, 2))
+]
 
 
 def available(*tensors: torch.Tensor) -> bool:
@@ -103,10 +103,10 @@ def kkt_solve(
     cu, num_slots, dense_len, steps = _schedule(k, cu_seqlens)
     if num_slots == 0:
         return A
-    channel = g is not None and g.dim() == 4
-    pair = 2 if (HV // H) % 2 == 0 and not channel else 1
-    kernel = compiled(kkt_solve_kernel, chunk_size, method, DTYPES[k.dtype], g is not None, pair, channel)
-    gate = _placeholder(k.device, torch.float32).view(1, 1, 1) if g is None else g.reshape(1, B * Tn, *g.shape[2:])
-    kernel(k.reshape(1, B * Tn, H, K), beta.reshape(1, B * Tn, HV).float(), gate.float(), cu,
+    gate = "none" if g is None else ("channel" if g.dim() == 4 else "scalar")
+    pair = 2 if (HV // H) % 2 == 0 and gate != "channel" else 1
+    kernel = compiled(kkt_solve_kernel, chunk_size, method, DTYPES[k.dtype], gate, pair)
+    g = _placeholder(k.device, torch.float32).view(1, 1, 1) if g is None else g.reshape(1, B * Tn, *g.shape[2:])
+    kernel(k.reshape(1, B * Tn, H, K), beta.reshape(1, B * Tn, HV).float(), g.float(), cu,
            A.view(1, B * Tn, HV, chunk_size), HV // H, num_slots, dense_len, steps)
     return A

@@ -43,7 +43,7 @@ import tilelang.language as T
 import torch
 
 from .. import TILE as CHUNK
-from .. import exp_e
+from .. import channel_score_dtype, exp_e
 from . import DTYPES, _placeholder, chunk_fwd_ws, compiled, seq_split
 
 SUB = 16  # rows of a sub-chunk of the per-channel scores
@@ -76,7 +76,7 @@ def chunk_fwd_kernel(
     NV = V // block_DV
     accum = "float32"
     subchunks = tuple(range(C // SUB))
-    score_dtype = "float32" if dtype == "float16" else dtype  # k_j exp(R_a - gc_j) may pass fp16's 65504
+    score_dtype = channel_score_dtype(dtype)
     B, Tn, H, HV, N0, N1, NS1 = T.dynamic("B, Tn, H, HV, N0, N1, NS1")
     g_shape = {"none": [1], "scalar": [B, Tn, HV], "channel": [B, Tn, HV, K]}[gate]
     beta_shape = [B, Tn, HV] if delta else [1]

@@ -34,7 +34,7 @@ Rows past a sequence end are masked (select, not multiply) so any finite or zero
 import tilelang
 import tilelang.language as T
 
-from .. import LOG2E, TILE, locate_tile
+from .. import LOG2E, TILE, channel_score_dtype, locate_tile
 
 BLOCK = 16  # diagonal block size of the recursion
 KSTEP = 128  # K columns per GEMM step (one step for K <= 128)
@@ -43,16 +43,16 @@ ACC = "float32"
 MIN_BLOCKS = 4  # caps registers at 128 per thread: four CTAs per SM (shared memory allows it too)
 
 
-def kkt_solve_kernel(chunk: int, method: str, dtype: str, gated: bool, pair: int, channel: bool = False
-                     ) -> T.PrimFunc:
-    """Build the prim_func for static (chunk, method, dtype, gated, pair, channel); every size (tokens, heads, K,
-    sequences) is symbolic, so a new T, head count or varlen layout reuses the compiled kernel. channel: the gate
-    is per key channel (KDA; gated, one value head per pass)."""
+def kkt_solve_kernel(chunk: int, method: str, dtype: str, gate: str, pair: int) -> T.PrimFunc:
+    """Build the prim_func for static (chunk, method, dtype, gate, pair); gate "none", "scalar" or "channel" (per
+    key channel, KDA: one value head per pass). Every size (tokens, heads, K, sequences) is symbolic, so a new T,
+    head count or varlen layout reuses the compiled kernel."""
     C, P = chunk, pair
+    scalar, channel = gate == "scalar", gate == "channel"
     row_blocks = tuple(range(TILE // BLOCK))
-    if channel and not (gated and pair == 1):
-        raise ValueError(f"a per-channel gate needs gated=True and pair=1, got gated={gated}, pair={pair}")
-    score_dtype = "float32" if dtype == "float16" else dtype  # k_j exp(R - g_j) may pass fp16's 65504
+    if channel and pair != 1:
+        raise ValueError(f"pair: a per-channel gate takes one value head per pass, got {pair}")
+    score_dtype = channel_score_dtype(dtype)
     NB = TILE // BLOCK  # diagonal 16x16 blocks per tile
     num_tokens, H, HV = T.dynamic("num_tokens"), T.dynamic("H"), T.dynamic("HV")  # HV = G * H
     K = T.dynamic("KB") * 64  # K a multiple of 64: column bounds checks are uniform over 16-byte vectors
@@ -65,7 +65,7 @@ def kkt_solve_kernel(chunk: int, method: str, dtype: str, gated: bool, pair: int
         rows past the sequence end (selected, not multiplied: their exponent is unbounded)."""
         i = bi * BLOCK + r
         v = beta_s[p, i] * KKs[bi * (bi + 1) // 2 + bj, r, c]
-        if gated and not channel:  # (a per-channel gate is inside KKs already)
+        if scalar:  # (a per-channel gate is inside KKs already)
             v = v * T.exp2(g_s[p, i] - g_s[p, bj * BLOCK + c])
         return T.if_then_else(i < rows, v, 0.0)
 
@@ -192,7 +192,7 @@ def kkt_solve_kernel(chunk: int, method: str, dtype: str, gated: bool, pair: int
                     for p, i in T.Parallel(P, TILE):
                         live = (i < rows) and (grp * P + p < G)
                         beta_s[p, i] = T.if_then_else(live, beta[0, start + i, hv0 + p], 0.0)
-                        if gated and not channel:
+                        if scalar:
                             g_s[p, i] = T.if_then_else(live, g[0, start + i, hv0 + p] * LOG2E, 0.0)
                     if channel:
                         gated_kkt(hv0, k, g, k_s, Qr, Kr, KK, KKs, hk, start, end)

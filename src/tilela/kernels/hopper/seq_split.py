@@ -25,7 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
-CHUNK = 64
+from .. import TILE as CHUNK
+from .chunk_fwd_ws import default_block_DV
 
 
 @dataclass(frozen=True)
@@ -54,8 +55,6 @@ SEGMENT_CHUNKS = (8, 16, 32, 64, 128, 256)
 
 
 def _pass_ms(K: int, V: int, grid: int, chunks: int, sms: int) -> float:
-    from .chunk_fwd_ws import default_block_DV
-
     block = default_block_DV(K, V, grid)
     return math.ceil(grid * (V // block) / sms) * chunks * CHUNK_MS["full" if block == K else "half"]
 
