@@ -59,9 +59,10 @@ def jobs():
             if gate != "channel" and K != 256:
                 out += [("ws", (K, K, gate, delta, dtype, beta_dtype, flags, block_DV, True))
                         for block_DV in (K // 2, K)]
-                if flags == (True, True, True):  # the sequence split's transitions (value [V | 0], state alone)
-                    out += [("ws", (K, 2 * K, gate, delta, dtype, beta_dtype, flags, block_DV, False))
-                            for block_DV in (K // 2, K)]
+                if flags == (True, True, True):  # the state pass alone: the sequence split's transitions (value
+                    # [V | 0]) and the state_pass benchmark's state_only row (value V)
+                    out += [("ws", (K, V, gate, delta, dtype, beta_dtype, flags, block_DV, False))
+                            for V in (K, 2 * K) for block_DV in (K // 2, K)]
     return out
 
 

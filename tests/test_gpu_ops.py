@@ -63,8 +63,15 @@ def test_gdn_against_float64_reference(lengths, B, h_qk, h_v, dim, dtype, gate, 
     assert rel_l2(S, ref_S) < 1e-2
 
 
-def test_gdn_captures_in_a_cuda_graph():
-    x = make((300, 1, 77), 1, 2, 4, 128, torch.bfloat16, "mixed", seed=3)
+@pytest.mark.parametrize("lengths,h_v,splits", [((300, 1, 77), 4, False), ((8000, 1, 190), 4, True)])
+def test_gdn_captures_in_a_cuda_graph(lengths, h_v, splits):
+    """The whole op replays from a CUDA graph on new inputs, unsplit and with the sequence split (auto_plan
+    splits the 8000-token sequence over 4 value heads)."""
+    from tilela.kernels.hopper import multiprocessors
+    from tilela.kernels.hopper.seq_split import auto_plan
+
+    assert (auto_plan(lengths, h_v, multiprocessors(torch.device("cuda")), 128) is not None) == splits
+    x = make(lengths, 1, 2, h_v, 128, torch.bfloat16, "mixed", seed=3)
     dev = {n: t.cuda() for n, t in x.items()}
     cpu_cu = x["cu_seqlens"]
 
@@ -78,7 +85,7 @@ def test_gdn_captures_in_a_cuda_graph():
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         o, S = run()
-    fresh = make((300, 1, 77), 1, 2, 4, 128, torch.bfloat16, "mixed", seed=4)
+    fresh = make(lengths, 1, 2, h_v, 128, torch.bfloat16, "mixed", seed=4)
     for n in ("q", "k", "v", "g", "beta", "initial_state"):
         dev[n].copy_(fresh[n])
     graph.replay()

@@ -21,10 +21,10 @@ def test_segment_table_cuts_each_sequence_at_chunk_multiples():
     plan = SegmentPlan.of(lengths, 2)  # 128-token segments
     assert plan == SegmentPlan(2, 8, 3)
     cu = torch.tensor([0, *accumulate(lengths)], dtype=torch.int32)
-    cu_seg, first, count = segment_table(cu, plan)
+    cu_seg, slot, last = segment_table(cu, plan)
     assert cu_seg.tolist() == [0, 128, 256, 300, 301, 301, 429, 431, 495]
-    assert first.tolist() == [0, 3, 4, 5, 7]
-    assert count.tolist() == [3, 1, 1, 2, 1]
+    assert slot.tolist() == [0, 5, 10, 1, 2, 3, 8, 4]  # j * N + n on the combine's [3, 5] grid
+    assert last.tolist() == [2, 3, 4, 6, 7]
 
 
 def test_segment_plan_rejects_empty_segments():

@@ -50,7 +50,8 @@ def _attention(q, k, v, g, g_kind, beta, needs_beta, scale, initial_state, outpu
     scale = dims.K ** -0.5 if scale is None else float(scale)
     hopper = _hopper(q, k, v, g, beta, initial_state, cu_seqlens)
     if hopper is not None and _hopper_covers(q.dtype, g_kind, needs_beta, dims):
-        return _hopper_attention(hopper, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens)
+        return _hopper_attention(hopper, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
+                                 segments=_split_plan(hopper, v, g_kind, dims))
     return torch_path.chunk_attention(q, k, v, g, beta, scale, initial_state, output_final_state, dims)
 
 
@@ -63,13 +64,23 @@ def _hopper_covers(dtype, g_kind, needs_beta, dims) -> bool:
     return g_kind != "channel" or (dims.K <= 128 and not needs_beta)
 
 
+def _split_plan(hopper, v, g_kind, dims):
+    """The sequence split of this call (kernels.hopper.seq_split.auto_plan over the host sequence lengths), or
+    None: unsplit, or a configuration the warp-specialised pass does not cover."""
+    from .kernels.hopper import chunk_fwd_ws, seq_split
+
+    if not chunk_fwd_ws.covers(dims.K, dims.V, g_kind, hopper.DTYPES[v.dtype]):
+        return None
+    lengths = [eos - bos for bos, eos in dims.seq_bounds]
+    return seq_split.auto_plan(lengths, dims.HV, hopper.multiprocessors(v.device), dims.K)
+
+
 def _hopper_attention(hopper, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
                       segments=None):
     """The TileLang pipeline: gate cumsum, kkt_solve (delta rule), then the fused state/output pass
     with the sequence loop inside the block (kernels.hopper.chunk_fwd: the warp-specialised chunk_fwd_ws for
     K <= 128 with a scalar gate or none, the single-warp-group pass for the rest). segments: a
-    kernels.hopper.seq_split.SegmentPlan to split long sequences (the benchmark's tilela_split row; the ops do
-    not pass one until the split has been measured)."""
+    kernels.hopper.seq_split.SegmentPlan to run the segments of long sequences in parallel CTAs, or None."""
     from .kernels.hopper.chunk_fwd import chunk_forward
 
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()

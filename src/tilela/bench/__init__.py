@@ -90,24 +90,18 @@ def _try_import(name):
         return None
 
 
-def split_plan(v: torch.Tensor, lengths: list[int], K: int):
-    """kernels.hopper.seq_split.auto_plan for sequences of these lengths over v's value heads on v's GPU."""
-    from tilela.kernels.hopper.seq_split import auto_plan
-
-    return auto_plan(lengths, v.shape[2], torch.cuda.get_device_properties(v.device).multi_processor_count, K)
-
-
-def ours_split(x: dict[str, Any], lengths: list[int], K: int) -> torch.Tensor | None:
-    """o of our Hopper pipeline with the sequence split (split_plan), or None where the plan leaves the call
-    unsplit. x: q, k, v, initial_state and optionally g, beta, cu_seqlens."""
+def ours_unsplit(x: dict[str, Any], lengths: list[int], K: int) -> torch.Tensor | None:
+    """o of our Hopper pipeline with the sequence split turned off, or None where the public op does not split
+    this call (then the row would repeat the op's). x: q, k, v, initial_state and optionally g, beta,
+    cu_seqlens."""
     from tilela import ops
     from tilela.kernels import hopper
+    from tilela.kernels.hopper.seq_split import auto_plan
 
-    plan = split_plan(x["v"], lengths, K)
-    if plan is None:
+    if auto_plan(lengths, x["v"].shape[2], hopper.multiprocessors(x["v"].device), K) is None:
         return None
     o, _ = ops._hopper_attention(hopper, x["q"], x["k"], x["v"], x.get("g"), x.get("beta"), K**-0.5,
-                                 x["initial_state"], True, x.get("cu_seqlens"), segments=plan)
+                                 x["initial_state"], True, x.get("cu_seqlens"), segments=None)
     return o
 
 

@@ -6,9 +6,9 @@ warms up until the decay has forgotten the past and so its speed depends on the 
   mixed   g = logsigmoid(randn) / 16 with a quarter of the value heads at g = 0 (no decay)
   decay   g = logsigmoid(randn + 3) on every head
 Implementations (all given cu_seqlens and, where they take it, its host copy):
-  tilela      tilela.chunk_gated_delta_rule (TileLang kernels end to end)
-  tilela_split  the same pipeline with the sequence split (kernels.hopper.seq_split.auto_plan; cases it does not
-              split are left out), to measure the split before the ops use it
+  tilela      tilela.chunk_gated_delta_rule (TileLang kernels end to end; long sequences split across CTAs where
+              kernels.hopper.seq_split.auto_plan says so)
+  tilela_unsplit  the same pipeline with the split off (only the cases the op splits), to show what it gains
   fla         fla.ops.gated_delta_rule.chunk_gated_delta_rule with FLA_FLASH_QLA=0 (Triton)
   flash_qla   flash_qla.chunk_gated_delta_rule (TileLang)
 Grid: head configs (h_qk/h_v) 2/8, 4/16, 8/24, 16/32, 16/64, 32/32 x layouts 1x32768, 1x8192, 1x2048,
@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from tilela import reference
 
-from . import Bench, Case, _try_import, ours_split
+from . import Bench, Case, _try_import, ours_unsplit
 
 DIM = 128
 CHUNK = 64
@@ -76,8 +76,8 @@ def _ours(case, x):
     return o
 
 
-def _ours_split(case, x):
-    return ours_split(x, case.params["lengths"], case.params["K"])
+def _ours_unsplit(case, x):
+    return ours_unsplit(x, case.params["lengths"], case.params["K"])
 
 
 def _fla(case, x):
@@ -123,7 +123,7 @@ BENCH = Bench(
     cases=cases,
     check_cases=[_case((2, 8), "1x2048", "mixed", (2048,)), _case((2, 6), "300+1+77+64", "decay", (300, 1, 77, 64))],
     make_inputs=make_inputs,
-    impls={"tilela": _ours, "tilela_split": _ours_split, "fla": _fla, "flash_qla": _flash_qla},
+    impls={"tilela": _ours, "tilela_unsplit": _ours_unsplit, "fla": _fla, "flash_qla": _flash_qla},
     reference=_reference,
     cost=cost,
 )

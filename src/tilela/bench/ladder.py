@@ -5,8 +5,8 @@
     level 3  chunk_gla           g per key channel [B,T,H,K]         FLA: chunk_gla
     level 4  chunk_delta_rule    delta rule, no gate                 FLA: chunk_delta_rule
 
-Also `tilela_split`: levels 1, 2 and 4 with the sequence split (kernels.hopper.seq_split.auto_plan), where it
-splits. Inputs: B = 1, l2-normalised bf16 q/k, bf16 v, D = 128, gates logsigmoid(randn) / 16 in float32, sigmoid
+Also `tilela_unsplit`: levels 1, 2 and 4 with the sequence split off, where the op splits
+(kernels.hopper.seq_split.auto_plan). Inputs: B = 1, l2-normalised bf16 q/k, bf16 v, D = 128, gates logsigmoid(randn) / 16 in float32, sigmoid
 beta in float32, float32 initial state, final state out. Grid: T in {8192, 32768} x H in {16, 32}. Level 1
 also runs the seed-002 §4 sequence-in-grid kernel (each chunk recomputes its prefix) at T in {2048, 8192,
 32768}, H = 16: its time grows as N^2 against the sequence-in-loop kernel's N (seed 002 §6).
@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from tilela import reference
 
-from . import Bench, Case, _try_import, ours_split
+from . import Bench, Case, _try_import, ours_unsplit
 
 DIM = 128
 CHUNK = 64
@@ -65,10 +65,10 @@ def _ours(case, x):
     return o
 
 
-def _ours_split(case, x):
-    if case.params["level"] == 3:  # per-channel gate: no warp-specialised pass, so no split
+def _ours_unsplit(case, x):
+    if case.params["level"] == 3:  # per-channel gate: no warp-specialised pass, so never split
         return None
-    return ours_split(x, [case.params["T"]], case.params["K"])
+    return ours_unsplit(x, [case.params["T"]], case.params["K"])
 
 
 def _ours_seq_in_grid(case, x):
@@ -114,7 +114,7 @@ BENCH = Bench(
     cases=cases,
     check_cases=[_case(level, 512, 2) for level in LEVELS],
     make_inputs=make_inputs,
-    impls={"tilela": _ours, "tilela_split": _ours_split, "fla": _fla, "tilela_seq_in_grid": _ours_seq_in_grid},
+    impls={"tilela": _ours, "tilela_unsplit": _ours_unsplit, "fla": _fla, "tilela_seq_in_grid": _ours_seq_in_grid},
     reference=_reference,
     cost=cost,
 )

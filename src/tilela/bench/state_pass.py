@@ -7,12 +7,19 @@ Implementations on the GDN benchmark's inputs (gdn.make_inputs, with gc and A fr
   loop       the single-warp-group pass (DV blocks of 32)
   split      the warp-specialised pass with the sequence split (seq_split.auto_plan; cases it leaves unsplit are
              left out)
+  state_only the warp-specialised pass without its output warp group (default DV block, o not written): the
+             recurrence's chain alone, so the difference to the pass's time is what the output group costs
+Each returns the final state (the one output every variant computes), compared with the float64 reference's.
 Grid: the GDN head configurations x 1x32768 and 1x8192, mixed gate (the passes' time does not depend on it).
 Floor: q, k, v, A, g, beta read once, o written once, the state read and written once; FLOPs of K S, A R, Q S,
 Q K^T, P Vnew and K^T Vnew per chunk and value head.
 """
 
-from . import Bench, gdn, split_plan
+import torch
+
+from tilela import reference
+
+from . import Bench, gdn
 
 LAYOUTS = ("1x32768", "1x8192")
 QUICK = [((16, 32), "1x32768"), ((2, 8), "1x32768"), ((32, 32), "1x8192")]
@@ -35,13 +42,34 @@ def make_inputs(case, seed):
 def _pass(x, **options):
     from tilela.kernels.hopper.chunk_fwd import chunk_forward
 
-    o, _ = chunk_forward(x["q"], x["k"], x["v"], x["gc"], x["beta"], x["A"], x["q"].shape[3] ** -0.5,
-                         x["initial_state"], True, x.get("cu_seqlens"), **options)
-    return o
+    _, ht = chunk_forward(x["q"], x["k"], x["v"], x["gc"], x["beta"], x["A"], x["q"].shape[3] ** -0.5,
+                          x["initial_state"], True, x.get("cu_seqlens"), **options)
+    return ht
+
+
+def _state_only(case, x):
+    from tilela.kernels.hopper.chunk_fwd import _ws_state_pass
+
+    cu = x.get("cu_seqlens")
+    if cu is None:
+        cu = torch.tensor([0, x["v"].shape[1]], dtype=torch.int32, device=x["v"].device)
+    _, ht = _ws_state_pass(x["q"], x["k"], x["v"], x["gc"], x["beta"], x["A"], x["q"].shape[3] ** -0.5,
+                           x["initial_state"], cu, False, True)
+    return ht
+
+
+def _reference(case, x):
+    _, ht = reference.chunked(x["q"], x["k"], x["v"], g=x["g"], beta=x["beta"], initial_state=x["initial_state"],
+                              cu_seqlens=x.get("cu_seqlens_cpu"))
+    return ht
 
 
 def _split(case, x):
-    plan = split_plan(x["v"], case.params["lengths"], case.params["K"])
+    from tilela.kernels import hopper
+    from tilela.kernels.hopper.seq_split import auto_plan
+
+    p = case.params
+    plan = auto_plan(p["lengths"], p["HV"], hopper.multiprocessors(x["v"].device), p["K"])
     return None if plan is None else _pass(x, segments=plan)
 
 
@@ -65,7 +93,8 @@ BENCH = Bench(
         "ws_full": lambda case, x: _pass(x, kernel="ws", block_DV=case.params["K"]),
         "loop": lambda case, x: _pass(x, kernel="loop"),
         "split": _split,
+        "state_only": _state_only,
     },
-    reference=gdn._reference,
+    reference=_reference,
     cost=cost,
 )

@@ -44,6 +44,12 @@ def available(*tensors: torch.Tensor) -> bool:
 
 
 @functools.lru_cache(maxsize=None)
+def multiprocessors(device: torch.device) -> int:
+    """The SM count of a CUDA device (sizes the sequence split's grid)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+@functools.lru_cache(maxsize=None)
 def compiled(builder, *static, warp_specialized: bool = False):
     """The JIT kernel of builder(*static), compiled for sm_90a once per process (and cached on disk by TileLang).
 

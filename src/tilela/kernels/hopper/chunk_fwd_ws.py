@@ -14,8 +14,8 @@ delta); the per-channel gate and K = 256 stay on chunk_fwd.py.
 
 The four warp groups and what each owns (state on chip for the whole sequence, fp32 in the state group's registers):
     state   (threads   0-127)  S; writes its bf16 copy S_s, decays S, adds K^T Vd
-    value   (threads 128-255)  K S -> R = beta (V - exp(gc) K S) (in place of the V tile) -> Vnew = A R -> Vnew_s and
-                               Vd_s = exp(gc_last - gc) Vnew (rows past the sequence end zeroed)
+    value   (threads 128-255)  K S -> R = beta (V - exp(gc) K S) (in place of the V tile) -> Vnew = A R ->
+                               Vd_s = exp(gc_last - gc) Vnew (rows past the sequence end zeroed), then Vnew_s
                                (plain update: Vd_s = exp(gc_last - gc) V only)
     output  (threads 256-383)  P = Q K^T (before S is ready), Q S, O = ... + P Vnew, stores O
     load    (threads 384-511)  one warp issues the TMA loads of q (for the output), k, v, A; one warp loads gc,
@@ -117,7 +117,8 @@ def chunk_fwd_ws_kernel(
             S_f = T.alloc_fragment([K, block_DV], accum)
             if delta:
                 KS_f = T.alloc_fragment([C, block_DV], accum)
-            Vn_f = T.alloc_fragment([C, block_DV], accum)  # Vnew, then Vd
+            if delta:
+                Vn_f = T.alloc_fragment([C, block_DV], accum)
             O_f = T.alloc_fragment([C, block_DV], accum)
             P_f = T.alloc_fragment([C, C], accum)
 
@@ -189,21 +190,18 @@ def chunk_fwd_ws_kernel(
                         T.copy(KS_f, v_s[s, :, :])
                         T.fence_proxy_async()
                         T.gemm(A_s[s, :, :], v_s[s, :, :], Vn_f, clear_accum=True)
-                        if Vn_shared:
-                            n = c % Vn_slots
-                            T.barrier_wait(Vn_read[n], (c // Vn_slots + 1) % 2)
-                            T.copy(Vn_f, Vn_s[n, :, :])
-                            T.fence_proxy_async()
-                            T.barrier_arrive(Vn_ready[n])
-                        for i, j in T.Parallel(C, block_DV):
-                            Vn_f[i, j] = ed_s[s, i] * Vn_f[i, j]
-                    else:
-                        for i, j in T.Parallel(C, block_DV):
-                            Vn_f[i, j] = ed_s[s, i] * v_s[s, i, j]
+                    # Vd first: it is on the recurrence's critical path, Vnew_s for the output group is not
                     T.barrier_wait(Vd_read, (c + 1) % 2)
-                    T.copy(Vn_f, Vd_s)
+                    for i, j in T.Parallel(C, block_DV):
+                        Vd_s[i, j] = ed_s[s, i] * (Vn_f[i, j] if delta else v_s[s, i, j])
                     T.fence_proxy_async()
                     T.barrier_arrive(Vd_ready)
+                    if Vn_shared:
+                        n = c % Vn_slots
+                        T.barrier_wait(Vn_read[n], (c // Vn_slots + 1) % 2)
+                        T.copy(Vn_f, Vn_s[n, :, :])
+                        T.fence_proxy_async()
+                        T.barrier_arrive(Vn_ready[n])
                     T.barrier_arrive(consumed[s])
 
             elif tx < 3 * GROUP:  # output

@@ -5,7 +5,7 @@ parallelism, done exactly). Mirrors reference layer E (reference.seq_split):
   1. transitions  the state pass alone (no output) over every segment, with the value extended to [V | 0] and the
                   entering state to [0 | I] (a K x (V + K) state): its final state is [B | M]
   2. entering     S_in(0) = the sequence's initial state (or 0), S_in(j + 1) = M_j S_in(j) + B_j, fp32, one batched
-                  step per segment index over all sequences and heads
+                  product per segment index over all sequences and heads
   3. outputs      the state/output pass over the segments as one varlen batch from the entering states; a sequence's
                   final state is that of its last segment
 
@@ -73,7 +73,7 @@ def modelled_ms(lengths, heads: int, sms: int, plan: SegmentPlan | None, K: int 
 
 def auto_plan(lengths, heads: int, sms: int, K: int = 128, margin: float = 0.8) -> SegmentPlan | None:
     """The segment size (from SEGMENT_CHUNKS) whose modelled time is lowest, if it beats the unsplit pass's by the
-    margin; else None. A model until the split is measured (the benchmark's `tilela_split` row uses it)."""
+    margin; else None (tilela.ops asks it for every call the warp-specialised pass covers)."""
     longest = max((math.ceil(n / CHUNK) for n in lengths), default=0)
     best, best_ms = None, margin * modelled_ms(lengths, heads, sms, None, K)
     for segment_chunks in SEGMENT_CHUNKS:
@@ -87,47 +87,56 @@ def auto_plan(lengths, heads: int, sms: int, K: int = 128, margin: float = 0.8) 
 
 
 def segment_table(cu_seqlens: torch.Tensor, plan: SegmentPlan):
-    """(cu_segments int32 [S + 1], first segment int64 [N], segment count int64 [N]) on cu_seqlens's device."""
+    """(cu_segments int32 [S + 1], slot int64 [S], last int64 [N]) on cu_seqlens's device: the segments' token
+    boundaries; segment s, the j-th of sequence n, at slot j * N + n of the combine's [P, N] grid
+    (P = plan.max_per_sequence); each sequence's last segment."""
     cu = cu_seqlens.long()
+    N = cu.shape[0] - 1
     tokens = CHUNK * plan.segment_chunks
     count = torch.clamp((cu[1:] - cu[:-1] + tokens - 1) // tokens, min=1)
     ends = torch.cumsum(count, 0)
     first = ends - count
     seg = torch.arange(plan.num_segments, device=cu.device)
     seq = torch.searchsorted(ends, seg, right=True)
-    starts = cu[seq] + (seg - first[seq]) * tokens
-    cu_segments = torch.cat([starts, cu[-1:]]).to(torch.int32)
-    return cu_segments, first, count
+    j = seg - first[seq]
+    cu_segments = torch.cat([cu[seq] + j * tokens, cu[-1:]]).to(torch.int32)
+    return cu_segments, j * N + seq, ends - 1
 
 
 def split_forward(state_pass, q, k, v, g_cumsum, beta, A, scale, initial_state, output_final_state, cu_seqlens,
                   plan: SegmentPlan):
     """The state/output pass of the unsplit call ((o [B,T,HV,V], final state [N,HV,K,V] fp32 or None)), computed
     segment-parallel; arguments as kernels.hopper.chunk_fwd.chunk_forward. plan must be SegmentPlan.of(the
-    call's sequence lengths): the device-side tables cannot check it without a host synchronisation."""
+    call's sequence lengths): the device-side tables cannot check it without a host synchronisation.
+
+    The combine walks the [P, N] slot grid: step j is one batched fp32 product over the N sequences and HV heads,
+    S_in[j + 1] = M[j] S_in[j] + B[j]; a sequence with fewer than P segments has M = B = 0 in its empty slots,
+    whose entering states are never read."""
     B, Tn, HV, V = v.shape
     K = q.shape[-1]
     flat = lambda x: None if x is None else x.reshape(1, B * Tn, *x.shape[2:])  # noqa: E731
     q1, k1, v1, g1, beta1, A1 = map(flat, (q, k, v, g_cumsum, beta, A))
     if cu_seqlens is None:
         cu_seqlens = torch.arange(B + 1, device=v.device, dtype=torch.int32) * Tn
-    N = cu_seqlens.shape[0] - 1
-    cu_seg, first, count = segment_table(cu_seqlens, plan)
+    N, P = cu_seqlens.shape[0] - 1, plan.max_per_sequence
+    cu_seg, slot, last = segment_table(cu_seqlens, plan)
 
     v_ext = torch.cat([v1, v1.new_zeros(1, B * Tn, HV, K)], dim=-1)
     h_ext = torch.zeros(plan.num_segments, HV, K, V + K, device=v.device, dtype=torch.float32)
     h_ext[..., V:] = torch.eye(K, device=v.device, dtype=torch.float32)
     _, BM = state_pass(q1, k1, v_ext, g1, beta1, A1, scale, h_ext, cu_seg, False, True)
-    B_seg, M_seg = BM[..., :V], BM[..., V:]
+    B_slot = BM.new_zeros(P * N, HV, K, V).index_copy_(0, slot, BM[..., :V])
+    M_slot = BM.new_zeros(P * N, HV, K, K).index_copy_(0, slot, BM[..., V:])
 
-    S = torch.zeros_like(B_seg[:N]) if initial_state is None else initial_state.to(B_seg.dtype)
-    S_in = torch.empty_like(B_seg)
-    for j in range(plan.max_per_sequence):
-        live = (j < count).view(N, 1, 1, 1)
-        idx = first + torch.minimum(count - 1, torch.full_like(count, j))
-        S_in.index_copy_(0, idx, torch.where(live, S, S_in[idx]))
-        S = torch.where(live, M_seg[idx] @ S + B_seg[idx], S)
+    S_slot = torch.empty_like(B_slot)
+    if initial_state is None:
+        S_slot[:N].zero_()
+    else:
+        S_slot[:N].copy_(initial_state)
+    batched = lambda x, j: x[j * N : (j + 1) * N].view(N * HV, K, x.shape[-1])  # noqa: E731
+    for j in range(P - 1):
+        torch.baddbmm(batched(B_slot, j), batched(M_slot, j), batched(S_slot, j), out=batched(S_slot, j + 1))
 
-    o, ht = state_pass(q1, k1, v1, g1, beta1, A1, scale, S_in, cu_seg, True, bool(output_final_state))
-    final = ht[first + count - 1] if output_final_state else None
+    o, ht = state_pass(q1, k1, v1, g1, beta1, A1, scale, S_slot[slot], cu_seg, True, bool(output_final_state))
+    final = ht[last] if output_final_state else None
     return o.view(B, Tn, HV, V), final
