@@ -3,7 +3,9 @@
 # FlashQLA.
 #   device run, carry [".gpu-bundle", ".devrun"]:
 #   . .gpu-bundle/setup.sh && bash benchmarks/device_run.sh [--full] [--no-tests] [op ...]
-#   ops: gdn (default), ladder, kkt_solve, chunk_local_cumsum; --full runs every case instead of --quick.
+#   ops: gdn (default), ladder, kkt_solve, chunk_local_cumsum, state_pass; --full runs every case instead of --quick.
+#   Time limits (s): PRECOMPILE_TIMEOUT, TEST_TIMEOUT, BENCH_TIMEOUT, or BENCH_TIMEOUT_<op> for one op; DEADLINE
+#   (epoch seconds) cuts every benchmark short of it.
 # Caches: .devrun/tlcache.tar.xz (optional) holds TileLang's kernel cache and Triton's cache. Build the TileLang
 # part on a CPU machine (`python benchmarks/precompile.py`, same TILELANG_CACHE_DIR / TILELANG_DEFAULT_TARGET);
 # whatever it misses is compiled here first, 16 processes at once. Triton keeps FLA's autotuning results
@@ -37,7 +39,11 @@ if [ -n "$tests" ]; then
   echo "tests: $(( $(date +%s) - t0 )) s"
 fi
 for op in "${@:-gdn}"; do
-  timeout "${BENCH_TIMEOUT:-300}" python -m tilela.cli bench --op "$op" $quick --replays 20 --out "$OUT/$op.json" \
+  limit=BENCH_TIMEOUT_$op  # per op, else BENCH_TIMEOUT
+  limit=${!limit:-${BENCH_TIMEOUT:-300}}
+  # DEADLINE (epoch seconds): leave 30 s for the cache's tarball
+  [ -n "$DEADLINE" ] && limit=$(( limit < DEADLINE - $(date +%s) - 30 ? limit : DEADLINE - $(date +%s) - 30 ))
+  timeout "$limit" python -m tilela.cli bench --op "$op" $quick --replays 20 --out "$OUT/$op.json" \
     2>&1 | grep -v INFO > "$OUT/bench_$op.log"
   grep "^|" "$OUT/bench_$op.log"
 done

@@ -23,7 +23,7 @@ The four warp groups and what each owns (state on chip for the whole sequence, f
 Every hand-over is a buffer with n slots (chunk c uses slot c % n) and one mbarrier pair per slot: "ready"
 completes when the slot holds chunk c (wait parity (c // n) % 2), "free"/"read" when its readers are done with it
 (the writer of chunk c waits parity (c // n + 1) % 2, which a fresh barrier passes: no wait for the first n chunks):
-    loaded / consumed     load -> all      q, k, v, A, gc, beta        n = 2
+    loaded / consumed     load -> all      q, k, v, A, gc, beta        n = 3 where shared memory allows, else 2
     S_ready / S_read      state -> value, output   S_s                  n = 2
     Vn_ready / Vn_read    value -> output  Vnew_s (delta rule)          n = 2, 1 at block_DV = 128 (shared memory)
     Vd_ready / Vd_read    value -> state   Vd_s                         n = 1
@@ -48,6 +48,7 @@ GATES = ("none", "scalar")
 STATE_REGS = 160
 VALUE_REGS = OUTPUT_REGS = 152
 LOAD_REGS = 48
+SHARED_BYTES = 223 * 1024  # of the 227 KiB a CTA may take, 4 KiB left for barriers and alignment
 
 
 def chunk_fwd_ws_kernel(
@@ -65,7 +66,8 @@ def chunk_fwd_ws_kernel(
     store_output=True,
 ):
     """Build the warp-specialised state/output pass for static head sizes (K in {64, 128}; V = K, or 2K for the
-    sequence split's transitions), gate kind ("none" or "scalar"), update rule and DV block (K / 2 or K).  Batch, length, head counts and the varlen layout are dynamic.
+    sequence split's transitions), gate kind ("none" or "scalar"), update rule and DV block (K / 2 or K).  Batch,
+    length, head counts and the varlen layout are dynamic.
     Grid: (V // block_DV, N sequences, HV), 512 threads.  Inputs absent for a configuration (g without a gate; beta
     and A for the plain update) are one-element placeholders.  store_output=False drops the output group (its
     warps idle, o is not written): the state pass alone, as the sequence split's transitions need it."""
@@ -77,6 +79,7 @@ def chunk_fwd_ws_kernel(
     consumers = 3 if store_output else 2  # warp groups that read the input slots
     S_readers = int(delta) + int(store_output)  # warp groups that read S_s
     Vn_shared = delta and store_output  # Vnew_s only feeds the output
+    stages = input_stages(K, block_DV, delta, store_output)
     B, Tn, H, HV, N0, N1, NS1 = T.dynamic("B, Tn, H, HV, N0, N1, NS1")
     g_shape = [B, Tn, HV] if scalar else [1]
     beta_shape = [B, Tn, HV] if delta else [1]
@@ -99,15 +102,15 @@ def chunk_fwd_ws_kernel(
             hq = bh // (HV // H)
             v0 = bv * block_DV
 
-            q_s = T.alloc_shared([2, C, K], dtype)
-            k_s = T.alloc_shared([2, C, K], dtype)
-            v_s = T.alloc_shared([2, C, block_DV], dtype)  # V, overwritten by R in the delta rule
-            g_s = T.alloc_shared([2, C], accum)  # gc
-            eg_s = T.alloc_shared([2, C], accum)  # exp(gc)
-            ed_s = T.alloc_shared([2, C], accum)  # exp(gc_last - gc), 0 past the sequence end
+            q_s = T.alloc_shared([stages, C, K], dtype)
+            k_s = T.alloc_shared([stages, C, K], dtype)
+            v_s = T.alloc_shared([stages, C, block_DV], dtype)  # V, overwritten by R in the delta rule
+            g_s = T.alloc_shared([stages, C], accum)  # gc
+            eg_s = T.alloc_shared([stages, C], accum)  # exp(gc)
+            ed_s = T.alloc_shared([stages, C], accum)  # exp(gc_last - gc), 0 past the sequence end
             if delta:
-                A_s = T.alloc_shared([2, C, C], dtype)
-                beta_s = T.alloc_shared([2, C], accum)
+                A_s = T.alloc_shared([stages, C, C], dtype)
+                beta_s = T.alloc_shared([stages, C], accum)
             if Vn_shared:
                 Vn_s = T.alloc_shared([Vn_slots, C, block_DV], dtype)
             S_s = T.alloc_shared([2, K, block_DV], dtype)
@@ -122,8 +125,8 @@ def chunk_fwd_ws_kernel(
             O_f = T.alloc_fragment([C, block_DV], accum)
             P_f = T.alloc_fragment([C, C], accum)
 
-            loaded = T.alloc_barrier([64, 64])
-            consumed = T.alloc_barrier([consumers * GROUP] * 2)
+            loaded = T.alloc_barrier([64] * stages)
+            consumed = T.alloc_barrier([consumers * GROUP] * stages)
             if S_readers:
                 S_ready = T.alloc_barrier([GROUP, GROUP])
                 S_read = T.alloc_barrier([S_readers * GROUP] * 2)
@@ -155,45 +158,45 @@ def chunk_fwd_ws_kernel(
                 else:
                     T.clear(S_f)
                 for c in T.serial(n_chunks):
-                    s = c % 2
-                    T.barrier_wait(loaded[s], (c // 2) % 2)
+                    s, slot = c % 2, c % stages
+                    T.barrier_wait(loaded[slot], (c // stages) % 2)
                     if S_readers:
                         T.barrier_wait(S_read[s], (c // 2 + 1) % 2)
                         T.copy(S_f, S_s[s, :, :])
                         T.fence_proxy_async()
                         T.barrier_arrive(S_ready[s])
                     if scalar:
-                        decay[0] = eg_s[s, C - 1]
+                        decay[0] = eg_s[slot, C - 1]
                         for i, j in T.Parallel(K, block_DV):
                             S_f[i, j] = S_f[i, j] * decay[0]
                     T.barrier_wait(Vd_ready, c % 2)
-                    T.gemm(k_s[s, :, :], Vd_s, S_f, transpose_A=True)
+                    T.gemm(k_s[slot, :, :], Vd_s, S_f, transpose_A=True)
                     T.barrier_arrive(Vd_read)
-                    T.barrier_arrive(consumed[s])
+                    T.barrier_arrive(consumed[slot])
                 if store_final_state:
                     T.copy(S_f, ht[bn, bh, 0:K, v0 : v0 + block_DV])
 
             elif tx < 2 * GROUP:  # value
                 T.set_max_nreg(VALUE_REGS, 1)
                 for c in T.serial(n_chunks):
-                    s = c % 2
-                    T.barrier_wait(loaded[s], (c // 2) % 2)
+                    s, slot = c % 2, c % stages
+                    T.barrier_wait(loaded[slot], (c // stages) % 2)
                     if delta:
                         T.barrier_wait(S_ready[s], (c // 2) % 2)
-                        T.gemm(k_s[s, :, :], S_s[s, :, :], KS_f, clear_accum=True)
+                        T.gemm(k_s[slot, :, :], S_s[s, :, :], KS_f, clear_accum=True)
                         T.barrier_arrive(S_read[s])
                         for i, j in T.Parallel(C, block_DV):
                             if scalar:
-                                KS_f[i, j] = beta_s[s, i] * (v_s[s, i, j] - eg_s[s, i] * KS_f[i, j])
+                                KS_f[i, j] = beta_s[slot, i] * (v_s[slot, i, j] - eg_s[slot, i] * KS_f[i, j])
                             else:
-                                KS_f[i, j] = beta_s[s, i] * (v_s[s, i, j] - KS_f[i, j])
-                        T.copy(KS_f, v_s[s, :, :])
+                                KS_f[i, j] = beta_s[slot, i] * (v_s[slot, i, j] - KS_f[i, j])
+                        T.copy(KS_f, v_s[slot, :, :])
                         T.fence_proxy_async()
-                        T.gemm(A_s[s, :, :], v_s[s, :, :], Vn_f, clear_accum=True)
+                        T.gemm(A_s[slot, :, :], v_s[slot, :, :], Vn_f, clear_accum=True)
                     # Vd first: it is on the recurrence's critical path, Vnew_s for the output group is not
                     T.barrier_wait(Vd_read, (c + 1) % 2)
                     for i, j in T.Parallel(C, block_DV):
-                        Vd_s[i, j] = ed_s[s, i] * (Vn_f[i, j] if delta else v_s[s, i, j])
+                        Vd_s[i, j] = ed_s[slot, i] * (Vn_f[i, j] if delta else v_s[slot, i, j])
                     T.fence_proxy_async()
                     T.barrier_arrive(Vd_ready)
                     if Vn_shared:
@@ -202,31 +205,31 @@ def chunk_fwd_ws_kernel(
                         T.copy(Vn_f, Vn_s[n, :, :])
                         T.fence_proxy_async()
                         T.barrier_arrive(Vn_ready[n])
-                    T.barrier_arrive(consumed[s])
+                    T.barrier_arrive(consumed[slot])
 
             elif tx < 3 * GROUP:  # output
                 if store_output:
                     T.set_max_nreg(OUTPUT_REGS, 1)
                     for c in T.serial(n_chunks):
-                        s = c % 2
+                        s, slot = c % 2, c % stages
                         t0 = t_start + c * C
-                        T.barrier_wait(loaded[s], (c // 2) % 2)
-                        T.gemm(q_s[s, :, :], k_s[s, :, :], P_f, transpose_B=True, clear_accum=True)
+                        T.barrier_wait(loaded[slot], (c // stages) % 2)
+                        T.gemm(q_s[slot, :, :], k_s[slot, :, :], P_f, transpose_B=True, clear_accum=True)
                         for i, j in T.Parallel(C, C):
                             if scalar:
                                 P_f[i, j] = T.if_then_else(
-                                    j <= i, P_f[i, j] * scale * exp_e(g_s[s, i] - g_s[s, j]), 0
+                                    j <= i, P_f[i, j] * scale * exp_e(g_s[slot, i] - g_s[slot, j]), 0
                                 )
                             else:
                                 P_f[i, j] = T.if_then_else(j <= i, P_f[i, j] * scale, 0)
                         T.copy(P_f, P_s)
                         T.fence_proxy_async()
                         T.barrier_wait(S_ready[s], (c // 2) % 2)
-                        T.gemm(q_s[s, :, :], S_s[s, :, :], O_f, clear_accum=True)
+                        T.gemm(q_s[slot, :, :], S_s[s, :, :], O_f, clear_accum=True)
                         T.barrier_arrive(S_read[s])
                         for i, j in T.Parallel(C, block_DV):
                             if scalar:
-                                O_f[i, j] = O_f[i, j] * (scale * eg_s[s, i])
+                                O_f[i, j] = O_f[i, j] * (scale * eg_s[slot, i])
                             else:
                                 O_f[i, j] = O_f[i, j] * scale
                         if delta:
@@ -235,11 +238,11 @@ def chunk_fwd_ws_kernel(
                             T.gemm(P_s, Vn_s[n, :, :], O_f)
                             T.barrier_arrive(Vn_read[n])
                         else:
-                            T.gemm(P_s, v_s[s, :, :], O_f)
+                            T.gemm(P_s, v_s[slot, :, :], O_f)
                         for i, j in T.Parallel(C, block_DV):
                             if t0 + i < t_end:
                                 o[bb, t0 + i, bh, v0 + j] = O_f[i, j]
-                        T.barrier_arrive(consumed[s])
+                        T.barrier_arrive(consumed[slot])
                 else:  # the state pass alone: this group idles
                     T.set_max_nreg(LOAD_REGS, 0)
 
@@ -247,34 +250,45 @@ def chunk_fwd_ws_kernel(
                 T.set_max_nreg(LOAD_REGS, 0)
                 if tx < 3 * GROUP + 32:
                     for c in T.serial(n_chunks):
-                        s = c % 2
+                        s, slot = c % 2, c % stages
                         t0 = t_start + c * C
-                        T.barrier_wait(consumed[s], (c // 2 + 1) % 2)
+                        T.barrier_wait(consumed[slot], (c // stages + 1) % 2)
                         if store_output:
-                            T.tma_copy(q[bb, t0 : t0 + C, hq, :], q_s[s, :, :], barrier=loaded[s])
-                        T.tma_copy(k[bb, t0 : t0 + C, hq, :], k_s[s, :, :], barrier=loaded[s])
-                        T.tma_copy(v[bb, t0 : t0 + C, bh, v0 : v0 + block_DV], v_s[s, :, :], barrier=loaded[s])
+                            T.tma_copy(q[bb, t0 : t0 + C, hq, :], q_s[slot, :, :], barrier=loaded[slot])
+                        T.tma_copy(k[bb, t0 : t0 + C, hq, :], k_s[slot, :, :], barrier=loaded[slot])
+                        T.tma_copy(v[bb, t0 : t0 + C, bh, v0 : v0 + block_DV], v_s[slot, :, :], barrier=loaded[slot])
                         if delta:
-                            T.tma_copy(A[bb, t0 : t0 + C, bh, :], A_s[s, :, :], barrier=loaded[s])
-                        T.barrier_arrive(loaded[s])
+                            T.tma_copy(A[bb, t0 : t0 + C, bh, :], A_s[slot, :, :], barrier=loaded[slot])
+                        T.barrier_arrive(loaded[slot])
                 elif tx < 3 * GROUP + 64:
                     for c in T.serial(n_chunks):
-                        s = c % 2
+                        s, slot = c % 2, c % stages
                         t0 = t_start + c * C
-                        T.barrier_wait(consumed[s], (c // 2 + 1) % 2)
+                        T.barrier_wait(consumed[slot], (c // stages + 1) % 2)
                         for i in T.Parallel(C):
                             if scalar:
-                                g_s[s, i] = g[bb, T.min(t0 + i, t_end - 1), bh]
-                                eg_s[s, i] = exp_e(g[bb, T.min(t0 + i, t_end - 1), bh])
-                                ed_s[s, i] = T.if_then_else(t0 + i < t_end, exp_e(
+                                g_s[slot, i] = g[bb, T.min(t0 + i, t_end - 1), bh]
+                                eg_s[slot, i] = exp_e(g[bb, T.min(t0 + i, t_end - 1), bh])
+                                ed_s[slot, i] = T.if_then_else(t0 + i < t_end, exp_e(
                                     g[bb, T.min(t0 + C - 1, t_end - 1), bh] - g[bb, T.min(t0 + i, t_end - 1), bh]), 0)
                             else:
-                                ed_s[s, i] = T.if_then_else(t0 + i < t_end, 1, 0)
+                                ed_s[slot, i] = T.if_then_else(t0 + i < t_end, 1, 0)
                             if delta:
-                                beta_s[s, i] = T.if_then_else(t0 + i < t_end, T.cast(beta[bb, t0 + i, bh], accum), 0)
-                        T.barrier_arrive(loaded[s])
+                                beta_s[slot, i] = T.if_then_else(t0 + i < t_end, T.cast(beta[bb, t0 + i, bh], accum), 0)
+                        T.barrier_arrive(loaded[slot])
 
     return chunk_fwd_ws
+
+
+def input_stages(K, block_DV, delta, store_output):
+    """Input slots (q, k, v, A, gc, beta per chunk): 3 where shared memory holds them (the loads of chunk c + 2 then
+    overlap chunk c + 1 even when the output group lags a chunk behind), else 2."""
+    per_stage = 2 * CHUNK * (K * (1 + int(store_output)) + block_DV) + 4 * 3 * CHUNK
+    fixed = 2 * (2 * K * block_DV + CHUNK * block_DV + CHUNK * CHUNK)  # S_s (two slots), Vd_s, P_s
+    if delta:
+        per_stage += 2 * CHUNK * CHUNK + 4 * CHUNK  # A, beta
+        fixed += 2 * CHUNK * block_DV * (2 if block_DV <= 64 else 1) * int(store_output)  # Vnew_s
+    return 3 if 3 * per_stage + fixed <= SHARED_BYTES else 2
 
 
 def covers(K, V, gate, dtype):
