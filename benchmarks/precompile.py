@@ -60,9 +60,9 @@ def jobs():
                 out += [("ws", (K, K, gate, delta, dtype, beta_dtype, flags, block_DV, True))
                         for block_DV in (K // 2, K)]
                 if flags == (True, True, True):  # the state pass alone: the sequence split's transitions (value
-                    # [V | 0]) and the state_pass benchmark's state_only row (value V)
+                    # [V | 0] with the delta rule, V without) and the state_pass benchmark's state_only row
                     out += [("ws", (K, V, gate, delta, dtype, beta_dtype, flags, block_DV, False))
-                            for V in (K, 2 * K) for block_DV in (K // 2, K)]
+                            for V in ((K, 2 * K) if delta else (K,)) for block_DV in (K // 2, K)]
     return out
 
 

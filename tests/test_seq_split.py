@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from tilela import reference
 from tilela.kernels.hopper.seq_split import (CHUNK_MS, COMBINE_STEP_MS, SegmentPlan, auto_plan, modelled_ms,
-                                             segment_table, split_forward)
+                                             segment_decay, segment_table, split_forward)
 
 F64 = torch.float64
 
@@ -51,6 +51,25 @@ def test_modelled_split_time_adds_both_passes_and_the_combine():
     expected = 64 * CHUNK_MS["full"] + 64 * CHUNK_MS["half"] + 8 * COMBINE_STEP_MS
     assert modelled_ms([32768], 8, 132, plan) == pytest.approx(expected)
     assert modelled_ms([32768], 8, 132, None) == pytest.approx(512 * CHUNK_MS["half"])
+
+
+def test_modelled_split_without_delta_rule_runs_transitions_on_V_alone():
+    plan = SegmentPlan.of([32768], 64)
+    # transitions: 64 CTAs at V = K, DV K / 2 (128 CTAs, one wave), as the outputs
+    expected = 2 * 64 * CHUNK_MS["half"] + 8 * COMBINE_STEP_MS
+    assert modelled_ms([32768], 8, 132, plan, delta=False) == pytest.approx(expected)
+
+
+def test_segment_decay_sums_the_gate_over_each_segment():
+    lengths = [300, 1, 0, 130]
+    plan = SegmentPlan.of(lengths, 2)
+    cu = torch.tensor([0, *accumulate(lengths)], dtype=torch.int32)
+    cu_seg, _, _ = segment_table(cu, plan)
+    g = F.logsigmoid(torch.randn(1, sum(lengths), 3, generator=torch.Generator().manual_seed(0)))
+    gc = reference.chunk_local_cumsum(g, 64, cu)
+    expected = torch.stack([g[0, a:b].sum(0) for a, b in zip(cu_seg[:-1].tolist(), cu_seg[1:].tolist())]).exp()
+    torch.testing.assert_close(segment_decay(gc, cu_seg, plan.num_segments, 3), expected.float())
+    assert segment_decay(None, cu_seg, plan.num_segments, 3).eq(1).all()
 
 
 def _problem(gate, delta, lengths, B=1, T=None, H=1, G=2, K=8, V=12, seed=0):

@@ -51,7 +51,7 @@ def _attention(q, k, v, g, g_kind, beta, needs_beta, scale, initial_state, outpu
     hopper = _hopper(q, k, v, g, beta, initial_state, cu_seqlens)
     if hopper is not None and _hopper_covers(q.dtype, g_kind, needs_beta, dims):
         return _hopper_attention(hopper, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
-                                 segments=_split_plan(hopper, v, g_kind, dims))
+                                 segments=_split_plan(hopper, v, g_kind, needs_beta, dims))
     return torch_path.chunk_attention(q, k, v, g, beta, scale, initial_state, output_final_state, dims)
 
 
@@ -64,7 +64,7 @@ def _hopper_covers(dtype, g_kind, needs_beta, dims) -> bool:
     return g_kind != "channel" or (dims.K <= 128 and not needs_beta)
 
 
-def _split_plan(hopper, v, g_kind, dims):
+def _split_plan(hopper, v, g_kind, delta, dims):
     """The sequence split of this call (kernels.hopper.seq_split.auto_plan over the host sequence lengths), or
     None: unsplit, or a configuration the warp-specialised pass does not cover."""
     from .kernels.hopper import chunk_fwd_ws, seq_split
@@ -72,7 +72,7 @@ def _split_plan(hopper, v, g_kind, dims):
     if not chunk_fwd_ws.covers(dims.K, dims.V, g_kind, hopper.DTYPES[v.dtype]):
         return None
     lengths = [eos - bos for bos, eos in dims.seq_bounds]
-    return seq_split.auto_plan(lengths, dims.HV, hopper.multiprocessors(v.device), dims.K)
+    return seq_split.auto_plan(lengths, dims.HV, hopper.multiprocessors(v.device), dims.K, delta)
 
 
 def _hopper_attention(hopper, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,

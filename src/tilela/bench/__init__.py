@@ -98,7 +98,8 @@ def ours_unsplit(x: dict[str, Any], lengths: list[int], K: int) -> torch.Tensor 
     from tilela.kernels import hopper
     from tilela.kernels.hopper.seq_split import auto_plan
 
-    if auto_plan(lengths, x["v"].shape[2], hopper.multiprocessors(x["v"].device), K) is None:
+    delta = x.get("beta") is not None
+    if auto_plan(lengths, x["v"].shape[2], hopper.multiprocessors(x["v"].device), K, delta) is None:
         return None
     o, _ = ops._hopper_attention(hopper, x["q"], x["k"], x["v"], x.get("g"), x.get("beta"), K**-0.5,
                                  x["initial_state"], True, x.get("cu_seqlens"), segments=None)
