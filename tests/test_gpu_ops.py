@@ -123,6 +123,27 @@ def test_ladder_ops_against_float64_reference(op, gate, delta, dim, dtype):
     assert rel_l2(o, ref_o) < 1e-2 and rel_l2(S, ref_S) < 1e-2
 
 
+@pytest.mark.parametrize("op,gate,delta", [("chunk_linear_attn", None, False), ("chunk_simple_gla", "scalar", False),
+                                           ("chunk_delta_rule", None, True)])
+def test_ladder_ops_split_long_sequences(op, gate, delta):
+    """Levels 1, 2 and 4 on a layout auto_plan splits (an 8000-token sequence over 4 heads): the plain update's
+    transitions (B from a zero state, M the segment's decay) and the delta rule's ([B | M])."""
+    from tilela.kernels.hopper import multiprocessors
+    from tilela.kernels.hopper.seq_split import auto_plan
+
+    lengths = (8000, 1, 190)
+    assert auto_plan(lengths, 4, multiprocessors(torch.device("cuda")), 128, delta) is not None
+    x = make(lengths, 1, 4, 4, 128, torch.bfloat16, "mixed", seed=11)
+    g = x["g"] if gate else None
+    args = [t.cuda() for t in (x["q"], x["k"], x["v"])] + ([g.cuda()] if g is not None else [])
+    args += [x["beta"].cuda()] if delta else []
+    o, S = getattr(tilela, op)(*args, initial_state=x["initial_state"].cuda(), output_final_state=True,
+                               cu_seqlens=x["cu_seqlens"].cuda(), cu_seqlens_cpu=x["cu_seqlens"])
+    ref_o, ref_S = reference.chunked(x["q"], x["k"], x["v"], g=g, beta=x["beta"] if delta else None,
+                                     initial_state=x["initial_state"], cu_seqlens=x["cu_seqlens"])
+    assert rel_l2(o, ref_o) < 1e-2 and rel_l2(S, ref_S) < 1e-2
+
+
 @pytest.mark.parametrize("chunk_size,method", [(16, "neumann"), (32, "blocked"), (64, "blocked"), (64, "neumann")])
 def test_chunk_primitives_through_public_ops(chunk_size, method):
     x = make((1, 130, 64, 7), 1, 2, 6, 128, torch.bfloat16, "decay", seed=chunk_size)

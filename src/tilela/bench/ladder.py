@@ -7,8 +7,8 @@
 
 Also `tilela_unsplit`: levels 1, 2 and 4 with the sequence split off, where the op splits
 (kernels.hopper.seq_split.auto_plan). Inputs: B = 1, l2-normalised bf16 q/k, bf16 v, D = 128, gates
-logsigmoid(randn) / 16 in float32, sigmoid beta in float32, float32 initial state, final state out. Grid: T in {8192, 32768} x H in {16, 32}. Level 1
-also runs the seed-002 §4 sequence-in-grid kernel (each chunk recomputes its prefix) at T in {2048, 8192,
+logsigmoid(randn) / 16 in float32, sigmoid beta in float32, float32 initial state, final state out. Grid: T in
+{8192, 32768} x H in {16, 32}. Level 1 also runs the seed-002 §4 sequence-in-grid kernel (each chunk recomputes its prefix) at T in {2048, 8192,
 32768}, H = 16: its time grows as N^2 against the sequence-in-loop kernel's N (seed 002 §6).
 Floor: q, k, v (g, beta) read once, o written once, the state read and written once; FLOPs of the chunk
 form (per chunk and head Q S, Q K^T, P V, K^T V; the delta rule adds K K^T, K S and A R).
