@@ -18,11 +18,18 @@ def test_ws_covers(K, gate, dtype, covered):
     assert chunk_fwd_ws.covers(K, K, gate, dtype) is covered
 
 
-@pytest.mark.parametrize("K,V,grid,block", [(128, 128, 32, 64), (128, 128, 65, 64), (128, 128, 66, 128),
+@pytest.mark.parametrize("K,V,grid,block", [(128, 128, 32, 64), (128, 128, 66, 64), (128, 128, 67, 128),
                                             (128, 128, 512, 128), (64, 64, 8, 32), (64, 64, 100, 64),
-                                            (128, 256, 33, 128), (128, 256, 32, 64)])
+                                            (128, 256, 34, 128), (128, 256, 33, 64)])
 def test_ws_block_follows_grid_size(K, V, grid, block):
-    assert chunk_fwd_ws.default_block_DV(K, V, grid) == block
+    assert chunk_fwd_ws.default_block_DV(K, V, grid, 132) == block
+
+
+@pytest.mark.parametrize("grid,block", [(33, 64), (66, 64), (128, 64), (500, 64)])
+def test_ws_block_without_output_group(grid, block):
+    """The state pass alone (the split's transitions, V = 2K): K / 2 runs its chain 2.5x faster than K, so twice the
+    CTAs never cost more than they save."""
+    assert chunk_fwd_ws.default_block_DV(128, 256, grid, 132, store_output=False) == block
 
 
 def _inputs(K):

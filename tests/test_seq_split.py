@@ -10,8 +10,9 @@ import torch
 import torch.nn.functional as F
 
 from tilela import reference
-from tilela.kernels.hopper.seq_split import (CHUNK_MS, COMBINE_STEP_MS, SegmentPlan, auto_plan, modelled_ms,
-                                             segment_decay, segment_table, split_forward)
+from tilela.kernels.hopper.chunk_fwd_ws import CHUNK_US
+from tilela.kernels.hopper.seq_split import (COMBINE_STEP_MS, SPLIT_FIXED_MS, SegmentPlan, auto_plan, host_table,
+                                             modelled_ms, segment_decay, segment_table, split_forward)
 
 F64 = torch.float64
 
@@ -19,12 +20,14 @@ F64 = torch.float64
 def test_segment_table_cuts_each_sequence_at_chunk_multiples():
     lengths = [300, 1, 0, 130, 64]
     plan = SegmentPlan.of(lengths, 2)  # 128-token segments
-    assert plan == SegmentPlan(2, 8, 3)
+    assert (plan.segment_chunks, plan.num_segments, plan.max_per_sequence) == (2, 8, 3)
+    expected = ([0, 128, 256, 300, 301, 301, 429, 431, 495],
+                [0, 5, 10, 1, 2, 3, 8, 4],  # j * N + n on the combine's [3, 5] grid
+                [2, 3, 4, 6, 7])
     cu = torch.tensor([0, *accumulate(lengths)], dtype=torch.int32)
-    cu_seg, slot, last = segment_table(cu, plan)
-    assert cu_seg.tolist() == [0, 128, 256, 300, 301, 301, 429, 431, 495]
-    assert slot.tolist() == [0, 5, 10, 1, 2, 3, 8, 4]  # j * N + n on the combine's [3, 5] grid
-    assert last.tolist() == [2, 3, 4, 6, 7]
+    assert [t.tolist() for t in segment_table(cu, plan, cu.device)] == list(expected)  # on the device
+    assert [t.tolist() for t in segment_table(None, plan, cu.device)] == list(expected)  # dense: from the lengths
+    assert host_table(plan) == expected  # from the plan's host lengths (what a GPU call copies over)
 
 
 def test_segment_plan_rejects_empty_segments():
@@ -32,31 +35,37 @@ def test_segment_plan_rejects_empty_segments():
         SegmentPlan.of([100], 0)
 
 
-@pytest.mark.parametrize("lengths,heads,plan", [
-    ([32768], 8, SegmentPlan(64, 8, 8)),  # 16 CTAs for 512 chunks: 8 segments, modelled 0.51 against 1.28 ms
-    ([32768], 16, SegmentPlan(64, 8, 8)),
-    ([32768], 32, None),  # the split's extra pass outweighs what 64 more CTAs bring
-    ([8192], 8, SegmentPlan(16, 8, 8)),
-    ([2048], 8, None),
-    ([28672, 4096], 8, SegmentPlan(64, 8, 7)),
-    ([1024] * 8, 8, None),
+@pytest.mark.parametrize("lengths,heads,delta,segment_chunks", [
+    ([32768], 8, True, 64),  # 16 CTAs for 512 chunks: 8 segments, modelled 0.46 against 1.18 ms
+    ([32768], 16, True, 64),
+    ([32768], 32, True, None),  # the split's extra pass outweighs what the extra CTAs bring
+    ([8192], 8, True, 16),
+    ([8192], 16, False, 32),
+    ([2048], 8, True, None),
+    ([28672, 4096], 8, True, 64),
+    ([1024] * 8, 8, True, None),
 ])
-def test_auto_plan_splits_only_long_sequences_on_small_grids(lengths, heads, plan):
-    assert auto_plan(lengths, heads, 132) == plan
+def test_auto_plan_splits_only_long_sequences_on_small_grids(lengths, heads, delta, segment_chunks):
+    plan = auto_plan(lengths, heads, 132, 128, delta)
+    assert (plan and plan.segment_chunks) == segment_chunks
+    if plan is not None:
+        assert plan == SegmentPlan.of(lengths, segment_chunks)
 
 
 def test_modelled_split_time_adds_both_passes_and_the_combine():
     plan = SegmentPlan.of([32768], 64)
-    # transitions: 8 x 8 CTAs at V = 2K, DV K (128 CTAs, one wave); outputs: 64 CTAs at DV K / 2 (128, one wave)
-    expected = 64 * CHUNK_MS["full"] + 64 * CHUNK_MS["half"] + 8 * COMBINE_STEP_MS
+    # transitions (state alone, V = 2K): 64 sequence-heads x 4 DV blocks of K / 2 (two waves of 132 SMs) beat
+    # 128 CTAs of K; outputs: 128 CTAs of K / 2, one wave
+    expected = (2 * 64 * CHUNK_US[(False, False)] + 64 * CHUNK_US[(False, True)]) * 1e-3 + SPLIT_FIXED_MS \
+        + 7 * COMBINE_STEP_MS
     assert modelled_ms([32768], 8, 132, plan) == pytest.approx(expected)
-    assert modelled_ms([32768], 8, 132, None) == pytest.approx(512 * CHUNK_MS["half"])
+    assert modelled_ms([32768], 8, 132, None) == pytest.approx(512 * CHUNK_US[(False, True)] * 1e-3)
 
 
 def test_modelled_split_without_delta_rule_runs_transitions_on_V_alone():
     plan = SegmentPlan.of([32768], 64)
-    # transitions: 64 CTAs at V = K, DV K / 2 (128 CTAs, one wave), as the outputs
-    expected = 2 * 64 * CHUNK_MS["half"] + 8 * COMBINE_STEP_MS
+    # transitions: 64 sequence-heads x 2 DV blocks of K / 2 (one wave), as the outputs
+    expected = 64 * (CHUNK_US[(False, False)] + CHUNK_US[(False, True)]) * 1e-3 + SPLIT_FIXED_MS + 7 * COMBINE_STEP_MS
     assert modelled_ms([32768], 8, 132, plan, delta=False) == pytest.approx(expected)
 
 
@@ -64,7 +73,7 @@ def test_segment_decay_sums_the_gate_over_each_segment():
     lengths = [300, 1, 0, 130]
     plan = SegmentPlan.of(lengths, 2)
     cu = torch.tensor([0, *accumulate(lengths)], dtype=torch.int32)
-    cu_seg, _, _ = segment_table(cu, plan)
+    cu_seg, _, _ = segment_table(cu, plan, cu.device)
     g = F.logsigmoid(torch.randn(1, sum(lengths), 3, generator=torch.Generator().manual_seed(0)))
     gc = reference.chunk_local_cumsum(g, 64, cu)
     expected = torch.stack([g[0, a:b].sum(0) for a, b in zip(cu_seg[:-1].tolist(), cu_seg[1:].tolist())]).exp()

@@ -172,8 +172,8 @@ def time_eager(fn: Callable[[dict[str, Any]], Any], input_sets: list[dict[str, A
 
 
 def run(op: str, quick: bool = False, replays: int = 30, impls: list[str] | None = None,
-        save: Callable[[list[dict[str, Any]]], None] | None = None, only: list[str] | None = None
-        ) -> list[dict[str, Any]]:
+        save: Callable[[list[dict[str, Any]]], None] | None = None, only: list[str] | None = None,
+        checks: bool = True) -> list[dict[str, Any]]:
     """Check and time every case; ``save(records)`` runs after each case, so an interrupted run keeps its data."""
     bench: Bench = importlib.import_module(OPS[op]).BENCH
     chosen = {name: fn for name, fn in bench.impls.items() if impls is None or name in impls}
@@ -187,7 +187,7 @@ def run(op: str, quick: bool = False, replays: int = 30, impls: list[str] | None
         records.append({"op": op, "case": case.name, "params": case.params, "impl": impl, **fields,
                         "floor_ms": floor_ms, "cost": cost, "device": dev, "versions": vers})
 
-    for check in bench.check_cases:
+    for check in bench.check_cases if checks else []:
         inputs = bench.make_inputs(check, 0)
         ref = bench.reference(check, {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()})
         for impl, fn in chosen.items():
@@ -272,6 +272,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--replays", type=int, default=30)
     parser.add_argument("--impls", default=None, help="comma-separated subset of the implementations")
     parser.add_argument("--cases", default=None, help="comma-separated subset of the case names")
+    parser.add_argument("--no-checks", dest="checks", action="store_false",
+                        help="skip the float64 check cases (e.g. when another process of the same run does them)")
     parser.add_argument("--out", type=Path, default=None,
                         help="JSON file (default benchmarks/results/<op>-<time>.json)")
     args = parser.parse_args(argv)
@@ -286,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
 
     records = run(args.op, quick=args.quick, replays=args.replays,
                   impls=None if args.impls is None else args.impls.split(","), save=save,
-                  only=None if args.cases is None else args.cases.split(","))
+                  only=None if args.cases is None else args.cases.split(","), checks=args.checks)
     save(records)
     print(markdown(records))
     print(f"\nwritten {out}")

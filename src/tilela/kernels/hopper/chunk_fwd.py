@@ -44,7 +44,7 @@ import torch
 
 from .. import TILE as CHUNK
 from .. import channel_score_dtype, exp_e
-from . import DTYPES, _placeholder, chunk_fwd_ws, compiled, seq_split
+from . import DTYPES, _placeholder, chunk_fwd_ws, compiled, multiprocessors, seq_split
 
 SUB = 16  # rows of a sub-chunk of the per-channel scores
 GATES = ("none", "scalar", "channel")
@@ -308,7 +308,8 @@ def _static(q, v, g_cumsum, beta, A, scale, initial_state, output_final_state, c
 def _ws_state_pass(q, k, v, g_cumsum, beta, A, scale, h0, cu_seqlens, store_output, store_final_state):
     """The warp-specialised pass in the sequence split's contract (varlen, initial state in)."""
     static = _static(q, v, g_cumsum, beta, A, scale, h0, store_final_state, cu_seqlens)
-    block_DV = chunk_fwd_ws.default_block_DV(q.shape[3], v.shape[3], (cu_seqlens.shape[0] - 1) * v.shape[2])
+    block_DV = chunk_fwd_ws.default_block_DV(q.shape[3], v.shape[3], (cu_seqlens.shape[0] - 1) * v.shape[2],
+                                             multiprocessors(v.device), store_output)
     kernel = compiled(chunk_fwd_ws.chunk_fwd_ws_kernel, *static, block_DV, store_output, warp_specialized=True)
     return _launch(kernel, q, k, v, g_cumsum, beta, A, h0, store_final_state, cu_seqlens)
 
@@ -347,7 +348,7 @@ def chunk_forward(
                                        output_final_state, cu_seqlens, segments)
     if ws and kernel != "loop":
         N = v.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
-        block_DV = block_DV or chunk_fwd_ws.default_block_DV(K, V, N * v.shape[2])
+        block_DV = block_DV or chunk_fwd_ws.default_block_DV(K, V, N * v.shape[2], multiprocessors(v.device))
         compiled_kernel = compiled(chunk_fwd_ws.chunk_fwd_ws_kernel, *static, block_DV, True, warp_specialized=True)
     else:
         compiled_kernel = compiled(chunk_fwd_kernel, *static, *default_config(K, gate, delta, dtype),

@@ -36,6 +36,8 @@ the tensor end); beta = 0 there, gc is clamped to the last valid row, the causal
 Vd rows are zeroed and output rows are not stored.
 """
 
+import math
+
 import tilelang.language as T
 
 from .. import TILE as CHUNK
@@ -296,9 +298,21 @@ def covers(K, V, gate, dtype):
     return K == V and K in (64, 128) and gate in GATES and dtype in ("bfloat16", "float16")
 
 
-def default_block_DV(K, V, grid):
-    """DV block for grid = sequences x value heads: K (Q K^T and the q/k loads once per K columns of V) when that
-    already gives >= 66 CTAs (half the H200's SMs), else K / 2 (twice the CTAs, each with a shorter chain of
-    half-width GEMMs).  Measured on the H200 at 32 CTAs (GDN, 1x32768 h16/32): 1.30 ms at K / 2 against 1.86 ms
-    at K.  V > K only in the sequence split's transitions (V = 2K: the [V | 0] value)."""
-    return K if grid * (V // K) >= 66 else K // 2
+# Chunk period of one CTA in us (H200, GDN, K = 128; `tilela bench --op state_pass`, 2026-11-30), by (DV block == K,
+# output group on). The pass is bound by each CTA's serial chain of chunks with one CTA per SM, so a launch takes
+# about waves x chunks x period.  Without the output group (the state alone, as the split's transitions) a DV block
+# of K / 2 runs its chain in 1.65 us, K in ~4.2 us (fitted from the split's times).
+CHUNK_US = {(False, True): 2.3, (True, True): 4.1, (False, False): 1.65, (True, False): 4.2}
+
+
+def modelled_us(K, V, grid, chunks, block_DV, sms, store_output=True):
+    """Modelled time of one launch: waves of CTAs (grid = sequences x value heads) times the chunk chain."""
+    return math.ceil(grid * (V // block_DV) / sms) * chunks * CHUNK_US[(block_DV == K, store_output)]
+
+
+def default_block_DV(K, V, grid, sms=132, store_output=True):
+    """The DV block (K / 2 or K) of least modelled time for grid = sequences x value heads on sms SMs; K on a tie
+    (the q/k loads and Q K^T once per K columns of V).  With the output group that is K / 2 up to sms / 2 CTAs and
+    K from there on (measured at 32 CTAs, GDN 1x32768 h16/32: 1.30 ms at K / 2 against 1.86 ms at K).  V > K only in
+    the sequence split's transitions (V = 2K: the [V | 0] value)."""
+    return min((K, K // 2), key=lambda block: modelled_us(K, V, grid, 1, block, sms, store_output))

@@ -22,60 +22,65 @@ allocated: the kernel's launch contract fixes o's shape). The combine runs torch
 caller's TF32 setting (PyTorch's default keeps it off).
 """
 
+import functools
+import itertools
 import math
 from dataclasses import dataclass
 
 import torch
 
 from .. import TILE as CHUNK
-from .chunk_fwd_ws import default_block_DV
+from .chunk_fwd_ws import default_block_DV, modelled_us
 
 
 @dataclass(frozen=True)
 class SegmentPlan:
-    """Host sizes of a split: segment_chunks chunks per segment (a sequence's last segment may be shorter),
-    num_segments over all sequences, max_per_sequence of any one sequence."""
+    """A split of the sequences of the given host lengths: segment_chunks chunks per segment (a sequence's last
+    segment may be shorter), num_segments over all sequences, max_per_sequence of any one sequence."""
 
     segment_chunks: int
     num_segments: int
     max_per_sequence: int
+    lengths: tuple[int, ...]
 
     @classmethod
     def of(cls, lengths, segment_chunks: int) -> "SegmentPlan":
         if segment_chunks < 1:
             raise ValueError(f"segment_chunks: expected >= 1, got {segment_chunks}")
+        lengths = tuple(int(n) for n in lengths)
         counts = [max(1, math.ceil(n / (CHUNK * segment_chunks))) for n in lengths]
-        return cls(segment_chunks, sum(counts), max(counts, default=1))
+        return cls(segment_chunks, sum(counts), max(counts, default=1), lengths)
 
 
-# Cost model of the split (ms), from the H200 measurements in benchmarks/NOTES.md (2026-11-30): one chunk of the
-# warp-specialised pass costs a CTA ~2.5 us at DV blocks of K / 2 and ~3.6 us at K, whatever the grid (the pass is
-# bound by each CTA's serial chunk chain; one CTA per SM). The combine step is a guess (five small kernels).
-CHUNK_MS = {"half": 2.5e-3, "full": 3.6e-3}
-COMBINE_STEP_MS = 1.5e-2
+# Cost model of the split, on the warp-specialised pass's measured chunk periods (chunk_fwd_ws.CHUNK_US), plus what
+# the split adds around its two launches: a fixed cost for its small copy and gather launches and one batched
+# product per combine step. The H200's split times (benchmarks/NOTES.md, 2026-11-30) gave 0.11 ms fixed when the
+# segment tables still took ~15 launches on the device; 0.07 ms is that fit less those launches, not yet measured.
+SPLIT_FIXED_MS = 0.07
+COMBINE_STEP_MS = 0.005
 SEGMENT_CHUNKS = (8, 16, 32, 64, 128, 256)
 
 
-def _pass_ms(K: int, V: int, grid: int, chunks: int, sms: int) -> float:
-    block = default_block_DV(K, V, grid)
-    return math.ceil(grid * (V // block) / sms) * chunks * CHUNK_MS["full" if block == K else "half"]
+def _pass_ms(K: int, V: int, grid: int, chunks: int, sms: int, store_output: bool) -> float:
+    block = default_block_DV(K, V, grid, sms, store_output)
+    return 1e-3 * modelled_us(K, V, grid, chunks, block, sms, store_output)
 
 
 def modelled_ms(lengths, heads: int, sms: int, plan: SegmentPlan | None, K: int = 128, delta: bool = True) -> float:
-    """Modelled time of the state/output pass unsplit (plan None) or split: transitions (value [V | 0] with the
-    delta rule, V without), combine steps and outputs, each pass as waves of CTAs times the longest chain of
-    chunks."""
+    """Modelled time of the state/output pass unsplit (plan None) or split: transitions (the state alone, value
+    [V | 0] with the delta rule, V without), combine steps, outputs and the split's fixed cost; each pass at the DV
+    block chunk_fwd_ws.default_block_DV picks for it."""
     longest = max((math.ceil(n / CHUNK) for n in lengths), default=0)
     if plan is None:
-        return _pass_ms(K, K, len(lengths) * heads, longest, sms)
+        return _pass_ms(K, K, len(lengths) * heads, longest, sms, True)
     chain = min(plan.segment_chunks, longest)
     grid = plan.num_segments * heads
-    return (_pass_ms(K, 2 * K if delta else K, grid, chain, sms) + _pass_ms(K, K, grid, chain, sms)
-            + plan.max_per_sequence * COMBINE_STEP_MS)
+    return (_pass_ms(K, 2 * K if delta else K, grid, chain, sms, False) + _pass_ms(K, K, grid, chain, sms, True)
+            + SPLIT_FIXED_MS + (plan.max_per_sequence - 1) * COMBINE_STEP_MS)
 
 
 def auto_plan(lengths, heads: int, sms: int, K: int = 128, delta: bool = True,
-              margin: float = 0.8) -> SegmentPlan | None:
+              margin: float = 0.9) -> SegmentPlan | None:
     """The segment size (from SEGMENT_CHUNKS) whose modelled time is lowest, if it beats the unsplit pass's by the
     margin; else None (tilela.ops asks it for every call the warp-specialised pass covers)."""
     longest = max((math.ceil(n / CHUNK) for n in lengths), default=0)
@@ -90,10 +95,18 @@ def auto_plan(lengths, heads: int, sms: int, K: int = 128, delta: bool = True,
     return best
 
 
-def segment_table(cu_seqlens: torch.Tensor, plan: SegmentPlan):
-    """(cu_segments int32 [S + 1], slot int64 [S], last int64 [N]) on cu_seqlens's device: the segments' token
-    boundaries; segment s, the j-th of sequence n, at slot j * N + n of the combine's [P, N] grid
-    (P = plan.max_per_sequence); each sequence's last segment."""
+def segment_table(cu_seqlens: torch.Tensor | None, plan: SegmentPlan, device: torch.device):
+    """(cu_segments int32 [S + 1], slot int64 [S], last int64 [N]) on the device: the segments' token boundaries;
+    segment s, the j-th of sequence n, at slot j * N + n of the combine's [P, N] grid (P = plan.max_per_sequence);
+    each sequence's last segment. cu_seqlens: the call's boundaries (None for a dense batch).
+
+    On a GPU the table comes from plan.lengths in one non-blocking copy from pinned memory (cached per plan and
+    device), except while a CUDA graph is being captured: then it is computed from cu_seqlens on the device, so
+    the graph owns every table it reads."""
+    if device.type == "cuda" and not torch.cuda.is_current_stream_capturing():
+        return _pinned_table(plan, device)
+    if cu_seqlens is None:
+        cu_seqlens = torch.tensor((0, *itertools.accumulate(plan.lengths)), device=device)
     cu = cu_seqlens.long()
     N = cu.shape[0] - 1
     tokens = CHUNK * plan.segment_chunks
@@ -105,6 +118,27 @@ def segment_table(cu_seqlens: torch.Tensor, plan: SegmentPlan):
     j = seg - first[seq]
     cu_segments = torch.cat([cu[seq] + j * tokens, cu[-1:]]).to(torch.int32)
     return cu_segments, j * N + seq, ends - 1
+
+
+def host_table(plan: SegmentPlan) -> tuple[list[int], list[int], list[int]]:
+    """segment_table's three tables as host lists, from plan.lengths."""
+    tokens, N = CHUNK * plan.segment_chunks, len(plan.lengths)
+    starts, slots, last, bos = [], [], [], 0
+    for n, length in enumerate(plan.lengths):
+        count = max(1, math.ceil(length / tokens))
+        starts += [bos + j * tokens for j in range(count)]
+        slots += [j * N + n for j in range(count)]
+        last.append(len(slots) - 1)
+        bos += length
+    return starts + [bos], slots, last
+
+
+@functools.lru_cache(maxsize=64)
+def _pinned_table(plan: SegmentPlan, device: torch.device):
+    cu_segments, slots, last = host_table(plan)
+    table = torch.tensor(cu_segments + slots + last, dtype=torch.int64).pin_memory().to(device, non_blocking=True)
+    S = plan.num_segments
+    return table[: S + 1].to(torch.int32), table[S + 1 : 2 * S + 1], table[2 * S + 1 :]
 
 
 def split_forward(state_pass, q, k, v, g_cumsum, beta, A, scale, initial_state, output_final_state, cu_seqlens,
@@ -120,36 +154,31 @@ def split_forward(state_pass, q, k, v, g_cumsum, beta, A, scale, initial_state, 
     K = q.shape[-1]
     flat = lambda x: None if x is None else x.reshape(1, B * Tn, *x.shape[2:])  # noqa: E731
     q1, k1, v1, g1, beta1, A1 = map(flat, (q, k, v, g_cumsum, beta, A))
-    if cu_seqlens is None:
-        cu_seqlens = torch.arange(B + 1, device=v.device, dtype=torch.int32) * Tn
-    N, P = cu_seqlens.shape[0] - 1, plan.max_per_sequence
-    cu_seg, slot, last = segment_table(cu_seqlens, plan)
+    N, P = len(plan.lengths), plan.max_per_sequence
+    cu_seg, slot, last = segment_table(cu_seqlens, plan, v.device)
 
-    batched = lambda x, j: x[j * N : (j + 1) * N].view(N * HV, *x.shape[2:])  # noqa: E731
-
-    def slots(per_segment):  # [S, ...] -> [P * N, ...], zero in the empty slots
-        return per_segment.new_zeros(P * N, *per_segment.shape[1:]).index_copy_(0, slot, per_segment)
-
-    def entering(B_seg):  # slot grid of entering states, first row the initial states
-        S_slot = torch.empty_like(slots(B_seg))
-        S_slot[:N] = 0 if initial_state is None else initial_state
-        return S_slot
-
+    batched = lambda x, j: x[j * N : (j + 1) * N].view(N * HV, K, x.shape[-1])  # noqa: E731
     if A is None and beta is None:  # plain update: M is exp(the segment's log decay) I, B the pass from zero
         h_zero = torch.zeros(plan.num_segments, HV, K, V, device=v.device, dtype=torch.float32)
         _, B_seg = state_pass(q1, k1, v1, g1, beta1, A1, scale, h_zero, cu_seg, False, True)
-        B_slot, S_slot = slots(B_seg), entering(B_seg)
-        m_slot = slots(segment_decay(g1, cu_seg, plan.num_segments, HV).to(B_seg.dtype))
-        for j in range(P - 1):
-            torch.addcmul(batched(B_slot, j), batched(m_slot, j)[:, None, None], batched(S_slot, j),
-                          out=batched(S_slot, j + 1))
+        B_slot = B_seg.new_zeros(P * N, HV, K, V).index_copy_(0, slot, B_seg)
+        decay = segment_decay(g1, cu_seg, plan.num_segments, HV).to(B_seg.dtype)
+        m_slot = decay.new_zeros(P * N, HV).index_copy_(0, slot, decay).view(P * N * HV, 1, 1)
+        S_slot = torch.empty_like(B_slot)
     else:
         v_ext = torch.cat([v1, v1.new_zeros(1, B * Tn, HV, K)], dim=-1)
         h_ext = torch.zeros(plan.num_segments, HV, K, V + K, device=v.device, dtype=torch.float32)
-        h_ext[..., V:] = torch.eye(K, device=v.device, dtype=torch.float32)
+        h_ext[..., V:].diagonal(dim1=-2, dim2=-1).fill_(1.0)
         _, BM = state_pass(q1, k1, v_ext, g1, beta1, A1, scale, h_ext, cu_seg, False, True)
-        B_slot, M_slot, S_slot = slots(BM[..., :V]), slots(BM[..., V:]), entering(BM[..., :V])
-        for j in range(P - 1):
+        BM_slot = BM.new_zeros(P * N, HV, K, V + K).index_copy_(0, slot, BM)
+        B_slot, M_slot = BM_slot[..., :V], BM_slot[..., V:]
+        S_slot = B_slot.new_empty(P * N, HV, K, V)
+    S_slot[:N] = 0 if initial_state is None else initial_state
+    for j in range(P - 1):
+        if A is None and beta is None:
+            torch.addcmul(batched(B_slot, j), m_slot[j * N * HV : (j + 1) * N * HV], batched(S_slot, j),
+                          out=batched(S_slot, j + 1))
+        else:
             torch.baddbmm(batched(B_slot, j), batched(M_slot, j), batched(S_slot, j), out=batched(S_slot, j + 1))
 
     o, ht = state_pass(q1, k1, v1, g1, beta1, A1, scale, S_slot[slot], cu_seg, True, bool(output_final_state))
