@@ -16,9 +16,9 @@ from tilela.bench import rel_l2
 pytestmark = pytest.mark.gpu
 
 
-def make(lengths, B, h_qk, h_v, dim, dtype, gate, seed):
+def make(lengths, B, h_qk, h_v, dim, dtype, gate, seed, T=300):
     gen = torch.Generator().manual_seed(seed)
-    T = sum(lengths) if lengths else 300
+    T = sum(lengths) if lengths else T
     q = F.normalize(torch.randn(B, T, h_qk, dim, generator=gen), dim=-1).to(dtype)
     k = F.normalize(torch.randn(B, T, h_qk, dim, generator=gen), dim=-1).to(dtype)
     v = torch.randn(B, T, h_v, dim, generator=gen).to(dtype)
@@ -63,16 +63,18 @@ def test_gdn_against_float64_reference(lengths, B, h_qk, h_v, dim, dtype, gate, 
     assert rel_l2(S, ref_S) < 1e-2
 
 
-@pytest.mark.parametrize("lengths,h_v,splits", [((300, 1, 77), 4, False), ((8000, 1, 190), 4, True)])
+@pytest.mark.parametrize("lengths,h_v,splits", [((300, 1, 77), 4, False), ((8000, 1, 190), 4, True),
+                                                 ((8192,), 4, True)], ids=["varlen", "varlen_split", "dense_split"])
 def test_gdn_captures_in_a_cuda_graph(lengths, h_v, splits):
     """The whole op replays from a CUDA graph on new inputs, unsplit and with the sequence split (auto_plan
-    splits the 8000-token sequence over 4 value heads)."""
+    splits an 8000-token sequence over 4 value heads), varlen and dense (a single sequence without cu_seqlens)."""
     from tilela.kernels.hopper import multiprocessors
     from tilela.kernels.hopper.seq_split import auto_plan
 
     assert (auto_plan(lengths, h_v, multiprocessors(torch.device("cuda")), 128) is not None) == splits
-    x = make(lengths, 1, 2, h_v, 128, torch.bfloat16, "mixed", seed=3)
-    dev = {n: t.cuda() for n, t in x.items()}
+    dense = len(lengths) == 1
+    x = make(None if dense else lengths, 1, 2, h_v, 128, torch.bfloat16, "mixed", seed=3, T=sum(lengths))
+    dev = {n: None if t is None else t.cuda() for n, t in x.items()}
     cpu_cu = x["cu_seqlens"]
 
     def run():
@@ -85,7 +87,7 @@ def test_gdn_captures_in_a_cuda_graph(lengths, h_v, splits):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         o, S = run()
-    fresh = make(lengths, 1, 2, h_v, 128, torch.bfloat16, "mixed", seed=4)
+    fresh = make(None if dense else lengths, 1, 2, h_v, 128, torch.bfloat16, "mixed", seed=4, T=sum(lengths))
     for n in ("q", "k", "v", "g", "beta", "initial_state"):
         dev[n].copy_(fresh[n])
     graph.replay()

@@ -17,6 +17,9 @@ Floor: q, k, v, g, beta read once, o written once, the state read and written on
 form (K K^T per q/k head; per value head K S, A R, Q S, Q K^T, P Vnew and K^T Vnew per chunk).
 """
 
+import functools
+import itertools
+
 import torch
 import torch.nn.functional as F
 
@@ -60,11 +63,22 @@ def make_inputs(case, seed):
         g = F.logsigmoid(randn(1, T, HV) + 3)
     beta = randn(1, T, HV).sigmoid()
     h0 = randn(len(p["lengths"]), HV, K, V) * 0.1
-    cu_cpu = torch.tensor([0, *torch.tensor(p["lengths"]).cumsum(0).tolist()], dtype=torch.int32)
     x = dict(q=q, k=k, v=v, g=g, beta=beta, initial_state=h0)
     if p["varlen"]:
-        x.update(cu_seqlens=cu_cpu.cuda(), cu_seqlens_cpu=cu_cpu)
+        x.update(_boundaries(tuple(p["lengths"])))
     return x
+
+
+@functools.lru_cache(maxsize=8)
+def _boundaries(lengths):
+    """cu_seqlens on the GPU and its pinned host copy, int32 (ours) and int64 (FLA's and FlashQLA's), one set per
+    layout shared by every input set: FLA and FlashQLA cache tables per cu_seqlens tensor, and FLA copies the host
+    one inside a CUDA graph capture, which needs it pinned."""
+    out = {}
+    for suffix, dtype in (("", torch.int32), ("_long", torch.int64)):
+        cu_cpu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=dtype).pin_memory()
+        out.update({f"cu_seqlens{suffix}": cu_cpu.cuda(), f"cu_seqlens_cpu{suffix}": cu_cpu})
+    return out
 
 
 def _ours(case, x):
@@ -84,10 +98,9 @@ def _fla(case, x):
     fla = _try_import("fla.ops.gated_delta_rule")
     if fla is None:
         return None
-    cu, cu_cpu = x.get("cu_seqlens"), x.get("cu_seqlens_cpu")
     o, _ = fla.chunk_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["initial_state"],
-                                      output_final_state=True, cu_seqlens=None if cu is None else cu.long(),
-                                      cu_seqlens_cpu=None if cu_cpu is None else cu_cpu.long())
+                                      output_final_state=True, cu_seqlens=x.get("cu_seqlens_long"),
+                                      cu_seqlens_cpu=x.get("cu_seqlens_cpu_long"))
     return o
 
 
@@ -95,9 +108,8 @@ def _flash_qla(case, x):
     qla = _try_import("flash_qla")
     if qla is None:
         return None
-    cu = x.get("cu_seqlens")
     o, _ = qla.chunk_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["initial_state"],
-                                      output_final_state=True, cu_seqlens=None if cu is None else cu.long())
+                                      output_final_state=True, cu_seqlens=x.get("cu_seqlens_long"))
     return o
 
 
