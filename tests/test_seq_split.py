@@ -26,8 +26,9 @@ def test_segment_table_cuts_each_sequence_at_chunk_multiples():
                 [2, 3, 4, 6, 7])
     cu = torch.tensor([0, *accumulate(lengths)], dtype=torch.int32)
     assert [t.tolist() for t in segment_table(cu, plan, cu.device)] == list(expected)  # on the device
-    assert [t.tolist() for t in segment_table(None, plan, cu.device)] == list(expected)  # dense: from the lengths
     assert host_table(plan) == expected  # from the plan's host lengths (what a GPU call copies over)
+    dense = SegmentPlan.of([300, 300], 2)  # a dense batch (no cu_seqlens): equal lengths
+    assert [t.tolist() for t in segment_table(None, dense, cu.device)] == list(host_table(dense))
 
 
 def test_segment_plan_rejects_empty_segments():
