@@ -2,6 +2,7 @@
 and every case has a roofline (bytes, FLOPs) — the timing itself needs a GPU."""
 
 import importlib
+import json
 
 import pytest
 
@@ -32,3 +33,23 @@ def test_markdown_ratios_and_floor():
     rec = dict(op="x", case="c", params={}, rel_err=None, floor_ms=0.5)
     table = bench.markdown([dict(rec, impl="ours", ms=1.0), dict(rec, impl="theirs", ms=2.0)])
     assert "| c | 1.0000 | 2.0000 (2.00) | 0.5000 | 2.00 |" in table
+
+
+def test_report_merges_result_files_later_first(tmp_path):
+    """`tilela bench --report`: a later file's record replaces an earlier one of the same case and impl; eager
+    timings drop out; rows follow the op's grid order."""
+    def rec(case, impl, ms, timing="cuda_graph"):
+        return {"op": "gdn", "case": case, "impl": impl, "ms": ms, "timing": timing, "floor_ms": 0.1}
+
+    first = {"op": "gdn", "records": [rec("1x8192_h2-8_mixed", "tilela", 2.0), rec("1x32768_h2-8_mixed", "fla", 1.0),
+                                      rec("1x32768_h2-8_mixed", "tilela", 9.0, "eager")]}
+    second = {"op": "gdn", "records": [rec("1x8192_h2-8_mixed", "tilela", 0.5)]}
+    paths = [tmp_path / "a.json", tmp_path / "b.json"]
+    for path, data in zip(paths, (first, second)):
+        path.write_text(json.dumps(data))
+    records = bench.merged(paths)
+    assert [(r["case"], r["impl"], r["ms"]) for r in records] == [("1x32768_h2-8_mixed", "fla", 1.0),
+                                                                  ("1x8192_h2-8_mixed", "tilela", 0.5)]
+    assert bench.main(["--report", *map(str, paths)]) == 0
+    with pytest.raises(ValueError, match="expected results of op 'ladder', got 'gdn'"):
+        bench.merged(paths, "ladder")

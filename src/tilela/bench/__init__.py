@@ -265,9 +265,33 @@ def markdown(records: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def merged(paths: list[Path], op: str | None = None) -> list[dict[str, Any]]:
+    """The records of several result files of one op, a later file's (case, impl) record replacing an earlier one,
+    and timed records kept only where they were timed as a CUDA graph (eager fallbacks include launch gaps and host
+    copies, so they do not compare). For a grid measured over several calls or GPUs (benchmarks/device_pair.sh)."""
+    records: dict[tuple[str, str], dict[str, Any]] = {}
+    for path in paths:
+        data = json.loads(Path(path).read_text())
+        if op is not None and data["op"] != op:
+            raise ValueError(f"{path}: expected results of op {op!r}, got {data['op']!r}")
+        op = data["op"]
+        for r in data["records"]:
+            if r.get("ms") is not None and r.get("timing", "cuda_graph") != "cuda_graph":
+                continue
+            records[(r["case"], r["impl"], r.get("ms") is None)] = dict(r, file=Path(path).name)
+    bench: Bench = importlib.import_module(OPS[op]).BENCH
+    order = {c.name: i for i, c in enumerate(bench.check_cases + bench.cases(False))}
+    impls = list(bench.impls)
+    return sorted(records.values(), key=lambda r: (r["ms"] is not None, order.get(r["case"], len(order)),
+                                                  impls.index(r["impl"]) if r["impl"] in impls else len(impls)))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tilela bench", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--op", choices=sorted(OPS), required=True)
+    parser.add_argument("--op", choices=sorted(OPS), required=False)
+    parser.add_argument("--report", type=Path, nargs="+", default=None, metavar="JSON",
+                        help="print the markdown table of these result files (later ones supersede earlier ones per "
+                             "case and implementation; eager timings left out) instead of running")
     parser.add_argument("--quick", action="store_true", help="a subset of the cases")
     parser.add_argument("--replays", type=int, default=30)
     parser.add_argument("--impls", default=None, help="comma-separated subset of the implementations")
@@ -277,6 +301,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None,
                         help="JSON file (default benchmarks/results/<op>-<time>.json)")
     args = parser.parse_args(argv)
+    if args.report is not None:
+        print(markdown(merged(args.report, args.op)))
+        return 0
+    if args.op is None:
+        parser.error("--op is required unless --report is given")
     if not torch.cuda.is_available():
         parser.error("needs a CUDA GPU")
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
