@@ -115,14 +115,21 @@ def test_ladder_ops_against_float64_reference(op, gate, delta, dim, dtype):
     gen = torch.Generator().manual_seed(5)
     g = {None: None, "scalar": x["g"],
          "channel": torch.nn.functional.logsigmoid(torch.randn(*x["v"].shape[:3], dim, generator=gen)) / 4}[gate]
+    o, S = _ladder_op_against_reference(op, x, g, delta)
+    assert o.dtype == dtype and S.dtype == torch.float32
+
+
+def _ladder_op_against_reference(op, x, g, delta):
+    """Run tilela.<op> on the GPU (varlen, host boundaries given), assert o and the final states within 1e-2 of
+    the float64 reference, return them."""
     args = [t.cuda() for t in (x["q"], x["k"], x["v"])] + ([g.cuda()] if g is not None else [])
     args += [x["beta"].cuda()] if delta else []
     o, S = getattr(tilela, op)(*args, initial_state=x["initial_state"].cuda(), output_final_state=True,
                                cu_seqlens=x["cu_seqlens"].cuda(), cu_seqlens_cpu=x["cu_seqlens"])
     ref_o, ref_S = reference.chunked(x["q"], x["k"], x["v"], g=g, beta=x["beta"] if delta else None,
                                      initial_state=x["initial_state"], cu_seqlens=x["cu_seqlens"])
-    assert o.dtype == dtype and S.dtype == torch.float32
     assert rel_l2(o, ref_o) < 1e-2 and rel_l2(S, ref_S) < 1e-2
+    return o, S
 
 
 @pytest.mark.parametrize("op,gate,delta", [("chunk_linear_attn", None, False), ("chunk_simple_gla", "scalar", False),
@@ -136,14 +143,7 @@ def test_ladder_ops_split_long_sequences(op, gate, delta):
     lengths = (8000, 1, 190)
     assert auto_plan(lengths, 4, multiprocessors(torch.device("cuda")), 128, delta) is not None
     x = make(lengths, 1, 4, 4, 128, torch.bfloat16, "mixed", seed=11)
-    g = x["g"] if gate else None
-    args = [t.cuda() for t in (x["q"], x["k"], x["v"])] + ([g.cuda()] if g is not None else [])
-    args += [x["beta"].cuda()] if delta else []
-    o, S = getattr(tilela, op)(*args, initial_state=x["initial_state"].cuda(), output_final_state=True,
-                               cu_seqlens=x["cu_seqlens"].cuda(), cu_seqlens_cpu=x["cu_seqlens"])
-    ref_o, ref_S = reference.chunked(x["q"], x["k"], x["v"], g=g, beta=x["beta"] if delta else None,
-                                     initial_state=x["initial_state"], cu_seqlens=x["cu_seqlens"])
-    assert rel_l2(o, ref_o) < 1e-2 and rel_l2(S, ref_S) < 1e-2
+    _ladder_op_against_reference(op, x, x["g"] if gate else None, delta)
 
 
 @pytest.mark.parametrize("chunk_size,method", [(16, "neumann"), (32, "blocked"), (64, "blocked"), (64, "neumann")])

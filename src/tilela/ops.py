@@ -13,6 +13,10 @@ with o ``[B, T, HV, V]`` in the input dtype. The state recurrence (S in ``[K, V]
 Arguments after ``output_final_state`` are keyword-only, so a call written for FLA's argument
 order cannot bind them to the wrong parameter. ``cu_seqlens_cpu`` (a host copy of
 ``cu_seqlens``) spares the one device-to-host copy that validating GPU-resident boundaries costs.
+
+On Hopper, long sequences over few heads are split across CTAs (kernels.hopper.seq_split) by a plan made from
+the host sequence lengths. A CUDA graph captured on such a call replays correctly for those lengths (as FLA's
+tables built from ``cu_seqlens_cpu``); calls that are not split take any layout of the same T and N on replay.
 """
 
 from __future__ import annotations
