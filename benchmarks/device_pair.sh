@@ -6,7 +6,7 @@
 # PREDICATE_*: a Python expression over a case's params p, e.g. 'p["HV"] <= 24'. The first process runs the
 # float64 check cases; the second first runs the GPU tests named in $TESTS (pytest arguments), if any. DEADLINE
 # (epoch seconds, default 540 s from now) stops both benchmarks; each keeps the cases it finished in
-# $OUT/OP_a.json and $OUT/OP_b.json (markdown: `python -c "import json,tilela.bench as b; ..."` on the records).
+# $OUT/OP_a.json and $OUT/OP_b.json (one table of both: `tilela bench --report OP_a.json OP_b.json`).
 set -o pipefail
 op=$1
 export TILELANG_CACHE_DIR=$PWD/.tl-cache TILELANG_DEFAULT_TARGET='{"kind":"cuda","arch":"sm_90a"}' PYTHONUNBUFFERED=1
@@ -23,7 +23,8 @@ print(','.join(c.name for c in bench.cases(False) if eval(sys.argv[2], {}, {'p':
 }
 cases_a=$(names "$2") cases_b=$(names "$3")
 bench() {  # gpu, cases, tag, extra args
-  CUDA_VISIBLE_DEVICES=$1 timeout $(( DEADLINE - $(date +%s) )) python -m tilela.cli bench --op "$op" --replays 20 \
+  left=$(( DEADLINE - $(date +%s) ))
+  CUDA_VISIBLE_DEVICES=$1 timeout $(( left > 1 ? left : 1 )) python -m tilela.cli bench --op "$op" --replays 20 \
     --cases "$2" --out "$OUT/${op}_$3.json" "${@:4}" 2>&1 | grep -v INFO > "$OUT/bench_${op}_$3.log"
 }
 bench 0 "$cases_a" a &

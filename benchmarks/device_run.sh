@@ -43,6 +43,7 @@ for op in "${@:-gdn}"; do
   limit=${!limit:-${BENCH_TIMEOUT:-300}}
   # DEADLINE (epoch seconds): leave 30 s for the cache's tarball
   [ -n "$DEADLINE" ] && limit=$(( limit < DEADLINE - $(date +%s) - 30 ? limit : DEADLINE - $(date +%s) - 30 ))
+  [ "$limit" -lt 1 ] && limit=1
   timeout "$limit" python -m tilela.cli bench --op "$op" $quick --replays 20 --out "$OUT/$op.json" \
     2>&1 | grep -v INFO > "$OUT/bench_$op.log"
   grep "^|" "$OUT/bench_$op.log"

@@ -36,19 +36,21 @@ def test_markdown_ratios_and_floor():
 
 
 def test_report_merges_result_files_later_first(tmp_path):
-    """`tilela bench --report`: a later file's record replaces an earlier one of the same case and impl; eager
-    timings drop out; rows follow the op's grid order."""
+    """`tilela bench --report`: a later file's record replaces an earlier one of the same case and impl (a failure
+    too); eager timings drop out; untimed rows first, then the op's grid order."""
     def rec(case, impl, ms, timing="cuda_graph"):
         return {"op": "gdn", "case": case, "impl": impl, "ms": ms, "timing": timing, "floor_ms": 0.1}
 
     first = {"op": "gdn", "records": [rec("1x8192_h2-8_mixed", "tilela", 2.0), rec("1x32768_h2-8_mixed", "fla", 1.0),
                                       rec("1x32768_h2-8_mixed", "tilela", 9.0, "eager")]}
-    second = {"op": "gdn", "records": [rec("1x8192_h2-8_mixed", "tilela", 0.5)]}
+    second = {"op": "gdn", "records": [rec("1x8192_h2-8_mixed", "tilela", 0.5),
+                                       dict(rec("1x32768_h2-8_mixed", "tilela", None), error="RuntimeError: x")]}
     paths = [tmp_path / "a.json", tmp_path / "b.json"]
     for path, data in zip(paths, (first, second)):
         path.write_text(json.dumps(data))
     records = bench.merged(paths)
-    assert [(r["case"], r["impl"], r["ms"]) for r in records] == [("1x32768_h2-8_mixed", "fla", 1.0),
+    assert [(r["case"], r["impl"], r["ms"]) for r in records] == [("1x32768_h2-8_mixed", "tilela", None),
+                                                                  ("1x32768_h2-8_mixed", "fla", 1.0),
                                                                   ("1x8192_h2-8_mixed", "tilela", 0.5)]
     assert bench.main(["--report", *map(str, paths)]) == 0
     with pytest.raises(ValueError, match="expected results of op 'ladder', got 'gdn'"):

@@ -125,7 +125,9 @@ def test_split_forward_matches_unsplit(gate, delta, segment_chunks, layout):
     gc = None if p["g"] is None else reference.chunk_local_cumsum(p["g"], 64, p["cu_seqlens"])
     cu = None if p["cu_seqlens"] is None else p["cu_seqlens"].to(torch.int32)
     for h0 in (p["initial_state"], None):
-        o, S = split_forward(_stand_in(p["g"]), p["q"], p["k"], p["v"], gc, p["beta"], None, 8 ** -0.5, h0, True,
+        # the delta rule is told by A; the stand-in forms its own A from beta, so any [B, T, HV, 64] tensor will do
+        A = None if p["beta"] is None else torch.zeros(*p["v"].shape[:3], 64, dtype=F64)
+        o, S = split_forward(_stand_in(p["g"]), p["q"], p["k"], p["v"], gc, p["beta"], A, 8 ** -0.5, h0, True,
                              cu, plan)
         if h0 is None:
             o_ref, S_ref = reference.chunked(**dict(p, initial_state=None))

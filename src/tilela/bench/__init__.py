@@ -193,7 +193,8 @@ def run(op: str, quick: bool = False, replays: int = 30, impls: list[str] | None
         for impl, fn in chosen.items():
             out, error = _attempt(fn, check, inputs)
             if out is not None or error is not None:
-                record(check, impl, ms=None, rel_err=None if error else rel_l2(out, ref), rel_err_vs=None, error=error)
+                record(check, impl, kind="check", ms=None, rel_err=None if error else rel_l2(out, ref), rel_err_vs=None,
+                       error=error)
                 print(f"{check.name:40s} {impl:24s} rel err vs float64 {records[-1]['rel_err'] or error}", flush=True)
         del inputs, ref
 
@@ -220,10 +221,11 @@ def run(op: str, quick: bool = False, replays: int = 30, impls: list[str] | None
                     timing = "eager"
                     ms, error = _attempt(time_eager, lambda x, fn=fn: fn(case, x), input_sets, replays)
             if error is not None:
-                record(case, impl, ms=None, rel_err=None, rel_err_vs=None, error=error)
+                record(case, impl, kind="time", ms=None, rel_err=None, rel_err_vs=None, error=error)
                 print(f"{case.name:40s} {impl:24s} failed: {error}", flush=True)
                 continue
-            record(case, impl, ms=ms, rel_err=None, rel_err_vs={base_impl: err}, rotations=rotations, timing=timing)
+            record(case, impl, kind="time", ms=ms, rel_err=None, rel_err_vs={base_impl: err}, rotations=rotations,
+                   timing=timing)
             print(f"{case.name:40s} {impl:24s} {ms:9.4f} ms  vs {base_impl}: {err:.2e} ({timing})", flush=True)
         del input_sets, first, baseline
         torch.cuda.empty_cache()
@@ -266,10 +268,11 @@ def markdown(records: list[dict[str, Any]]) -> str:
 
 
 def merged(paths: list[Path], op: str | None = None) -> list[dict[str, Any]]:
-    """The records of several result files of one op, a later file's (case, impl) record replacing an earlier one,
-    and timed records kept only where they were timed as a CUDA graph (eager fallbacks include launch gaps and host
-    copies, so they do not compare). For a grid measured over several calls or GPUs (benchmarks/device_pair.sh)."""
-    records: dict[tuple[str, str], dict[str, Any]] = {}
+    """The records of several result files of one op, a later file's record of a case and impl (a float64 check, or
+    a timing or its failure) replacing an earlier one; eager timings are left out (they include launch gaps and
+    host copies, so they do not compare with CUDA-graph ones). For a grid measured over several calls or GPUs
+    (benchmarks/device_pair.sh)."""
+    records: dict[tuple[str, str, str], dict[str, Any]] = {}
     for path in paths:
         data = json.loads(Path(path).read_text())
         if op is not None and data["op"] != op:
@@ -278,7 +281,8 @@ def merged(paths: list[Path], op: str | None = None) -> list[dict[str, Any]]:
         for r in data["records"]:
             if r.get("ms") is not None and r.get("timing", "cuda_graph") != "cuda_graph":
                 continue
-            records[(r["case"], r["impl"], r.get("ms") is None)] = dict(r, file=Path(path).name)
+            kind = r.get("kind") or ("check" if r.get("rel_err") is not None else "time")  # files before "kind"
+            records[(r["case"], r["impl"], kind)] = dict(r, file=Path(path).name)
     bench: Bench = importlib.import_module(OPS[op]).BENCH
     order = {c.name: i for i, c in enumerate(bench.check_cases + bench.cases(False))}
     impls = list(bench.impls)

@@ -299,9 +299,10 @@ def covers(K, V, gate, dtype):
 
 
 # Chunk period of one CTA in us (H200, GDN, K = 128; `tilela bench --op state_pass`, 2026-11-30), by (DV block == K,
-# output group on). The pass is bound by each CTA's serial chain of chunks with one CTA per SM, so a launch takes
-# about waves x chunks x period.  Without the output group (the state alone, as the split's transitions) a DV block
-# of K / 2 runs its chain in 1.65 us, K in ~4.2 us (fitted from the split's times).
+# output group on), measured at up to 132 CTAs. The pass is bound by each CTA's serial chain of chunks with one CTA
+# per SM, so a launch takes about waves x chunks x period.  Without the output group (the state alone, as the
+# split's transitions) a DV block of K / 2 runs its chain in 1.65 us (measured at 16 CTAs; 2.2 us at 128), K in
+# ~4.2 us (not measured alone: fitted to the split's times). Applied as is to the other ladder levels and K = 64.
 CHUNK_US = {(False, True): 2.3, (True, True): 4.1, (False, False): 1.65, (True, False): 4.2}
 
 
@@ -312,7 +313,8 @@ def modelled_us(K, V, grid, chunks, block_DV, sms, store_output=True):
 
 def default_block_DV(K, V, grid, sms=132, store_output=True):
     """The DV block (K / 2 or K) of least modelled time for grid = sequences x value heads on sms SMs; K on a tie
-    (the q/k loads and Q K^T once per K columns of V).  With the output group that is K / 2 up to sms / 2 CTAs and
-    K from there on (measured at 32 CTAs, GDN 1x32768 h16/32: 1.30 ms at K / 2 against 1.86 ms at K).  V > K only in
-    the sequence split's transitions (V = 2K: the [V | 0] value)."""
+    (the q/k loads and Q K^T once per K columns of V).  With the output group that is K / 2 up to sms / 2 CTAs
+    and K up to sms (measured: GDN 1x32768 h16/32, 32 CTAs, 1.30 ms at K / 2 against 1.86 ms at K); past one wave
+    the wave count decides (K / 2 where it needs less than twice the waves of K, e.g. 133-198 CTAs: a model, not
+    measured there).  V > K only in the sequence split's transitions (V = 2K: the [V | 0] value)."""
     return min((K, K // 2), key=lambda block: modelled_us(K, V, grid, 1, block, sms, store_output))

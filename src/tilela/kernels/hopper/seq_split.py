@@ -12,8 +12,9 @@ parallelism, done exactly). Mirrors reference layer E (reference.seq_split):
                   final state is that of its last segment
 
 Segments begin at chunk boundaries of their sequence, so the chunk-local gc and A are those of the unsplit call. An
-empty sequence keeps one empty segment (its final state is its initial state). Every table is built on the device
-from cu_seqlens and host sizes only (SegmentPlan), so nothing synchronises with the host.
+empty sequence keeps one empty segment (its final state is its initial state). The segment tables come from the
+plan's host lengths in one non-blocking copy (built on the device inside a CUDA-graph capture), so nothing
+synchronises with the host.
 
 The passes are given as `state_pass(q, k, v, g_cumsum, beta, A, scale, h0, cu_seqlens, store_output,
 store_final_state) -> (o, ht)` (varlen layout, initial state in): the TileLang pass on the GPU, any other
@@ -106,7 +107,7 @@ def segment_table(cu_seqlens: torch.Tensor | None, plan: SegmentPlan, device: to
     device), except while a CUDA graph is being captured: then it is computed from cu_seqlens on the device, so
     the graph owns every table it reads."""
     if device.type == "cuda" and not torch.cuda.is_current_stream_capturing():
-        return _pinned_table(plan, device)
+        return _pinned_table(plan, device, torch.cuda.current_stream(device).cuda_stream)
     if cu_seqlens is None:  # a dense batch: equal lengths (built on the device: no host copy inside a capture)
         cu_seqlens = torch.arange(len(plan.lengths) + 1, device=device) * plan.lengths[0]
     cu = cu_seqlens.long()
@@ -136,7 +137,8 @@ def host_table(plan: SegmentPlan) -> tuple[list[int], list[int], list[int]]:
 
 
 @functools.lru_cache(maxsize=64)
-def _pinned_table(plan: SegmentPlan, device: torch.device):
+def _pinned_table(plan: SegmentPlan, device: torch.device, stream: int):
+    """host_table on the device, per plan, device and stream (the copy is ordered on the stream that reads it)."""
     cu_segments, slots, last = host_table(plan)
     table = torch.tensor(cu_segments + slots + last, dtype=torch.int64).pin_memory().to(device, non_blocking=True)
     S = plan.num_segments
@@ -160,7 +162,7 @@ def split_forward(state_pass, q, k, v, g_cumsum, beta, A, scale, initial_state, 
     cu_seg, slot, last = segment_table(cu_seqlens, plan, v.device)
 
     batched = lambda x, j: x[j * N : (j + 1) * N].view(N * HV, K, x.shape[-1])  # noqa: E731
-    if A is None and beta is None:  # plain update: M is exp(the segment's log decay) I, B the pass from zero
+    if A is None:  # plain update: M is exp(the segment's log decay) I, B the pass from zero
         h_zero = torch.zeros(plan.num_segments, HV, K, V, device=v.device, dtype=torch.float32)
         _, B_seg = state_pass(q1, k1, v1, g1, beta1, A1, scale, h_zero, cu_seg, False, True)
         B_slot = B_seg.new_zeros(P * N, HV, K, V).index_copy_(0, slot, B_seg)
@@ -177,7 +179,7 @@ def split_forward(state_pass, q, k, v, g_cumsum, beta, A, scale, initial_state, 
         S_slot = B_slot.new_empty(P * N, HV, K, V)
     S_slot[:N] = 0 if initial_state is None else initial_state
     for j in range(P - 1):
-        if A is None and beta is None:
+        if A is None:
             torch.addcmul(batched(B_slot, j), m_slot[j * N * HV : (j + 1) * N * HV], batched(S_slot, j),
                           out=batched(S_slot, j + 1))
         else:
