@@ -61,8 +61,8 @@ def _attention(q, k, v, g, g_kind, beta, needs_beta, scale, initial_state, outpu
 
 def _hopper_covers(dtype, g_kind, needs_beta, dims) -> bool:
     """What the TileLang pipeline runs: bf16/fp16, K = V in {64, 128, 256}; the per-channel gate only up
-    to K = 128 (shared memory) and not with the delta rule (KDA: its per-channel kkt_solve kernel has not run on
-    a GPU yet)."""
+    to K = 128 (shared memory) and not with the delta rule (KDA: its kernels pass the GPU tests, the public op
+    has not run through them on a GPU yet)."""
     if dtype not in (torch.bfloat16, torch.float16) or dims.K != dims.V or dims.K not in (64, 128, 256):
         return False
     return g_kind != "channel" or (dims.K <= 128 and not needs_beta)
