@@ -14,6 +14,8 @@ has exactly one slot; the surplus slots find start >= end and exit. The dense [B
 B * T tokens) is dense_len = T: slot s is tile s % ceil(T / 64) of batch row s // ceil(T / 64).
 """
 
+from types import SimpleNamespace
+
 import tilelang.language as T
 from tilelang import tvm
 
@@ -30,6 +32,29 @@ def channel_score_dtype(dtype: str) -> str:
     """Operand dtype of per-channel gated scores k_j exp(R - g_j): the input dtype, except fp32 (tf32 MMAs) for
     fp16 inputs, whose 65504 the factor exp(R - g_j) >= 1 may pass (bf16 has fp32's exponent range)."""
     return "float32" if dtype == "float16" else dtype
+
+def state_pass_contract(K, V, gate, delta, dtype, beta_dtype):
+    """The launch contract both state/output passes (hopper/chunk_fwd.py, hopper/chunk_fwd_ws.py) compile against,
+    as a namespace: the dynamic sizes B, Tn, H, HV, NS1 (batch, tokens, q/k heads, value heads, len(cu_seqlens))
+    and the tensor types of the ten arguments, in order q, k, v, g, beta, A, h0, cu_seqlens, o, ht.  Arguments a
+    configuration does not read (g without a gate; beta and A for the plain update) are one-element placeholders."""
+    B, Tn, H, HV, N0, N1, NS1 = T.dynamic("B, Tn, H, HV, N0, N1, NS1")
+    accum = "float32"
+    g_shape = {"none": [1], "scalar": [B, Tn, HV], "channel": [B, Tn, HV, K]}[gate]
+    return SimpleNamespace(
+        B=B, Tn=Tn, H=H, HV=HV, NS1=NS1,
+        q=T.Tensor([B, Tn, H, K], dtype),
+        k=T.Tensor([B, Tn, H, K], dtype),
+        v=T.Tensor([B, Tn, HV, V], dtype),
+        g=T.Tensor(g_shape, accum),
+        beta=T.Tensor([B, Tn, HV] if delta else [1], beta_dtype),
+        A=T.Tensor([B, Tn, HV, TILE] if delta else [1], dtype),
+        h0=T.Tensor([N0, HV, K, V], accum),
+        cu_seqlens=T.Tensor([NS1], "int32"),
+        o=T.Tensor([B, Tn, HV, V], dtype),
+        ht=T.Tensor([N1, HV, K, V], accum),
+    )
+
 
 PASS_CONFIGS = {
     "tl.disable_warp_specialized": True,

@@ -43,7 +43,7 @@ import tilelang.language as T
 import torch
 
 from .. import TILE as CHUNK
-from .. import channel_score_dtype, exp_e
+from .. import channel_score_dtype, exp_e, state_pass_contract
 from . import DTYPES, _placeholder, chunk_fwd_ws, compiled, multiprocessors, seq_split
 
 SUB = 16  # rows of a sub-chunk of the per-channel scores
@@ -77,24 +77,12 @@ def chunk_fwd_kernel(
     accum = "float32"
     subchunks = tuple(range(C // SUB))
     score_dtype = channel_score_dtype(dtype)
-    B, Tn, H, HV, N0, N1, NS1 = T.dynamic("B, Tn, H, HV, N0, N1, NS1")
-    g_shape = {"none": [1], "scalar": [B, Tn, HV], "channel": [B, Tn, HV, K]}[gate]
-    beta_shape = [B, Tn, HV] if delta else [1]
-    A_shape = [B, Tn, HV, C] if delta else [1]
+    sig = state_pass_contract(K, V, gate, delta, dtype, beta_dtype)
+    B, Tn, H, HV, NS1 = sig.B, sig.Tn, sig.H, sig.HV, sig.NS1
 
     @T.prim_func
-    def chunk_fwd(
-        q: T.Tensor([B, Tn, H, K], dtype),
-        k: T.Tensor([B, Tn, H, K], dtype),
-        v: T.Tensor([B, Tn, HV, V], dtype),
-        g: T.Tensor(g_shape, accum),
-        beta: T.Tensor(beta_shape, beta_dtype),
-        A: T.Tensor(A_shape, dtype),
-        h0: T.Tensor([N0, HV, K, V], accum),
-        cu_seqlens: T.Tensor([NS1], "int32"),
-        o: T.Tensor([B, Tn, HV, V], dtype),
-        ht: T.Tensor([N1, HV, K, V], accum),
-    ):
+    def chunk_fwd(q: sig.q, k: sig.k, v: sig.v, g: sig.g, beta: sig.beta, A: sig.A, h0: sig.h0,
+                  cu_seqlens: sig.cu_seqlens, o: sig.o, ht: sig.ht):
         with T.Kernel(NV, (NS1 - 1) if is_varlen else B, HV, threads=threads) as (bv, bn, bh):
             hq = bh // (HV // H)
             v0 = bv * block_DV

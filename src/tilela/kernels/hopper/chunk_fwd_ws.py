@@ -41,7 +41,7 @@ import math
 import tilelang.language as T
 
 from .. import TILE as CHUNK
-from .. import exp_e
+from .. import exp_e, state_pass_contract
 
 GROUP = 128  # threads of a warp group
 GATES = ("none", "scalar")
@@ -82,24 +82,12 @@ def chunk_fwd_ws_kernel(
     S_readers = int(delta) + int(store_output)  # warp groups that read S_s
     Vn_shared = delta and store_output  # Vnew_s only feeds the output
     stages = input_stages(K, block_DV, delta, store_output)
-    B, Tn, H, HV, N0, N1, NS1 = T.dynamic("B, Tn, H, HV, N0, N1, NS1")
-    g_shape = [B, Tn, HV] if scalar else [1]
-    beta_shape = [B, Tn, HV] if delta else [1]
-    A_shape = [B, Tn, HV, C] if delta else [1]
+    sig = state_pass_contract(K, V, gate, delta, dtype, beta_dtype)
+    B, Tn, H, HV, NS1 = sig.B, sig.Tn, sig.H, sig.HV, sig.NS1
 
     @T.prim_func
-    def chunk_fwd_ws(
-        q: T.Tensor([B, Tn, H, K], dtype),
-        k: T.Tensor([B, Tn, H, K], dtype),
-        v: T.Tensor([B, Tn, HV, V], dtype),
-        g: T.Tensor(g_shape, accum),
-        beta: T.Tensor(beta_shape, beta_dtype),
-        A: T.Tensor(A_shape, dtype),
-        h0: T.Tensor([N0, HV, K, V], accum),
-        cu_seqlens: T.Tensor([NS1], "int32"),
-        o: T.Tensor([B, Tn, HV, V], dtype),
-        ht: T.Tensor([N1, HV, K, V], accum),
-    ):
+    def chunk_fwd_ws(q: sig.q, k: sig.k, v: sig.v, g: sig.g, beta: sig.beta, A: sig.A, h0: sig.h0,
+                     cu_seqlens: sig.cu_seqlens, o: sig.o, ht: sig.ht):
         with T.Kernel(NV, (NS1 - 1) if is_varlen else B, HV, threads=4 * GROUP) as (bv, bn, bh):
             hq = bh // (HV // H)
             v0 = bv * block_DV
