@@ -43,6 +43,7 @@ CASES = [
     for m, (K, dtype) in enumerate([(64, "bfloat16"), (128, "bfloat16"), (64, "float16"), (128, "float16")])
 ] + [
     ("ws_full", "scalar", True, 128, "float16", "float16", FLAGS[0]),
+    ("ws_quarter", "scalar", True, 128, "bfloat16", "float32", FLAGS[0]),  # GDN, DV blocks of K / 4
     # the sequence split's transitions: value [V | 0] (V = 2K), state alone, DV block K and K / 2
     ("ws_split_full", "scalar", True, 128, "bfloat16", "float32", FLAGS[0]),
     ("ws_split_half", "none", True, 64, "float16", "float32", FLAGS[0]),
@@ -74,7 +75,8 @@ def _lower(case):
     elif kind.startswith("ws"):
         split = kind.startswith("ws_split")
         func = chunk_fwd_ws_kernel(K, 2 * K if split else K, K**-0.5, gate, delta, dtype, beta_dtype or "float32",
-                                   *flags, K if kind.endswith("full") else K // 2, not split)
+                                   *flags, {"full": K, "half": K // 2, "quarter": K // 4}[kind.rsplit("_", 1)[1]],
+                                   not split)
     else:
         func = linear_attn_seq_in_grid_kernel(H, HV, K, K, K**-0.5, dtype, *flags)
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})

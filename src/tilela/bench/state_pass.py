@@ -4,6 +4,7 @@ chunk chain's cost is measured apart from cumsum and kkt_solve (computed once pe
 Implementations on the GDN benchmark's inputs (gdn.make_inputs, with gc and A from our kernels):
   ws_half    the warp-specialised pass, DV blocks of K / 2
   ws_full    the warp-specialised pass, DV blocks of K
+  ws_quarter the warp-specialised pass, DV blocks of K / 4 (twice the CTAs of ws_half, the same chain)
   loop       the single-warp-group pass (DV blocks of 32)
   split      the warp-specialised pass with the sequence split (seq_split.auto_plan; cases it leaves unsplit are
              left out)
@@ -91,6 +92,7 @@ BENCH = Bench(
     impls={
         "ws_half": lambda case, x: _pass(x, kernel="ws", block_DV=case.params["K"] // 2),
         "ws_full": lambda case, x: _pass(x, kernel="ws", block_DV=case.params["K"]),
+        "ws_quarter": lambda case, x: _pass(x, kernel="ws", block_DV=case.params["K"] // 4),
         "loop": lambda case, x: _pass(x, kernel="loop"),
         "split": _split,
         "state_only": _state_only,

@@ -316,7 +316,8 @@ def chunk_forward(
     file's single-warp-group pass (every configuration), "auto" the first that covers the call.
     segments: a seq_split.SegmentPlan of the call's sequence lengths to run the segments of each sequence in
     parallel (the warp-specialised pass only; seq_split.py), or None.
-    block_DV: the warp-specialised pass's DV block, K or K / 2 (None: chunk_fwd_ws.default_block_DV).
+    block_DV: the warp-specialised pass's DV block, one of chunk_fwd_ws.dv_blocks(K) (None:
+    chunk_fwd_ws.default_block_DV).
     """
     static = _static(q, v, g_cumsum, beta, A, scale, initial_state, output_final_state, cu_seqlens)
     K, V, _, gate, delta, dtype = static[:6]
@@ -326,8 +327,9 @@ def chunk_forward(
     if (kernel == "ws" or segments is not None) and not ws:
         raise ValueError(f"kernel='ws' covers K = V in (64, 128) with a scalar gate or none, got K={K}, V={V}, "
                          f"gate {gate!r}, {dtype}")
-    if block_DV is not None and (block_DV not in (K, K // 2) or not ws or kernel == "loop" or segments is not None):
-        raise ValueError(f"block_DV: the unsplit warp-specialised pass takes K = {K} or K / 2 = {K // 2}, got "
+    if block_DV is not None and (block_DV not in chunk_fwd_ws.dv_blocks(K) or not ws or kernel == "loop"
+                                 or segments is not None):
+        raise ValueError(f"block_DV: the unsplit warp-specialised pass takes one of {chunk_fwd_ws.dv_blocks(K)}, got "
                          f"{block_DV} (kernel={kernel!r}, covered: {ws}, split: {segments is not None})")
     if segments is not None:
         if kernel == "loop":

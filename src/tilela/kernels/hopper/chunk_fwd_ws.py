@@ -68,7 +68,7 @@ def chunk_fwd_ws_kernel(
     store_output=True,
 ):
     """Build the warp-specialised state/output pass for static head sizes (K in {64, 128}; V = K, or 2K for the
-    sequence split's transitions), gate kind ("none" or "scalar"), update rule and DV block (K / 2 or K).  Batch,
+    sequence split's transitions), gate kind ("none" or "scalar"), update rule and DV block (dv_blocks(K)).  Batch,
     length, head counts and the varlen layout are dynamic.
     Grid: (V // block_DV, N sequences, HV), 512 threads.  Inputs absent for a configuration (g without a gate; beta
     and A for the plain update) are one-element placeholders.  store_output=False drops the output group (its
@@ -281,6 +281,12 @@ def input_stages(K, block_DV, delta, store_output):
     return 3 if 3 * per_stage + fixed <= SHARED_BYTES else 2
 
 
+def dv_blocks(K):
+    """The DV blocks the pass is built for: K, K / 2 and, down to 32 columns, K / 4 (twice the CTAs of K / 2 over
+    the same chain; the state_pass benchmark's ws_quarter row, not one default_block_DV picks)."""
+    return tuple(block for block in (K, K // 2, K // 4) if block >= 32)
+
+
 def covers(K, V, gate, dtype):
     """Whether the warp-specialised pass serves these sizes and gate (else chunk_fwd.py does)."""
     return K == V and K in (64, 128) and gate in GATES and dtype in ("bfloat16", "float16")
@@ -289,9 +295,10 @@ def covers(K, V, gate, dtype):
 # Chunk period of one CTA in us (H200, GDN, K = 128; `tilela bench --op state_pass`, 2026-11-30), by (DV block == K,
 # output group on), measured at up to 132 CTAs. The pass is bound by each CTA's serial chain of chunks with one CTA
 # per SM, so a launch takes about waves x chunks x period.  Without the output group (the state alone, as the
-# split's transitions) a DV block of K / 2 runs its chain in 1.65 us (measured at 16 CTAs; 2.2 us at 128), K in
-# ~4.2 us (not measured alone: fitted to the split's times). Applied as is to the other ladder levels and K = 64.
-CHUNK_US = {(False, True): 2.3, (True, True): 4.1, (False, False): 1.65, (True, False): 4.2}
+# split's transitions) a DV block of K / 2 runs its chain in 2.2 us at 128 CTAs (1.65 us at 16; the transitions fill
+# the GPU, so the model takes 2.2), K in ~4.2 us (not measured alone: fitted to the split's times). Applied as is to
+# the other ladder levels and K = 64.
+CHUNK_US = {(False, True): 2.3, (True, True): 4.1, (False, False): 2.2, (True, False): 4.2}
 
 
 def modelled_us(K, V, grid, chunks, block_DV, sms, store_output=True):
