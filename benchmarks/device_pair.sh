@@ -5,17 +5,17 @@
 #   . .gpu-bundle/setup.sh && bash benchmarks/device_pair.sh OP 'PREDICATE_A' 'PREDICATE_B'
 # PREDICATE_*: a Python expression over a case's params p, e.g. 'p["HV"] <= 24'. The first process runs the
 # float64 check cases; the second first runs the GPU tests named in $TESTS (pytest arguments), if any. DEADLINE
-# (epoch seconds, default 540 s from now) stops both benchmarks; each keeps the cases it finished in
-# $OUT/OP_a.json and $OUT/OP_b.json (one table of both: `tilela bench --report OP_a.json OP_b.json`).
+# (epoch seconds, default 520 s from now, leaving time for cache_out) stops both benchmarks; each keeps the cases
+# it finished in $OUT/OP_a.json and $OUT/OP_b.json (one table of both: `tilela bench --report OP_a.json OP_b.json`).
+# Caches: benchmarks/device_cache.sh (.devrun/*.tar.xz in, $OUT/newcache.tar.xz out).
 set -o pipefail
 op=$1
-export TILELANG_CACHE_DIR=$PWD/.tl-cache TILELANG_DEFAULT_TARGET='{"kind":"cuda","arch":"sm_90a"}' PYTHONUNBUFFERED=1
-export TRITON_CACHE_DIR=$PWD/.tl-cache/triton TRITON_CACHE_AUTOTUNING=1
+. benchmarks/device_cache.sh
 OUT=${OUT:-$PWD/device-out}
 t0=$(date +%s)
-DEADLINE=${DEADLINE:-$(( t0 + 540 ))}
-mkdir -p "$OUT" .tl-cache
-[ -f .devrun/tlcache.tar.xz ] && tar xJf .devrun/tlcache.tar.xz -C .tl-cache
+DEADLINE=${DEADLINE:-$(( t0 + 520 ))}
+mkdir -p "$OUT"
+cache_in
 names() {
   python -c "import importlib, sys; from tilela.bench import OPS
 bench = importlib.import_module(OPS[sys.argv[1]]).BENCH
@@ -38,4 +38,5 @@ bench 0 "$cases_a" a &
 wait
 [ -n "$TESTS" ] && grep -E "passed|failed|FAILED|Error" "$OUT/pytest_gpu.log" | tail -8
 for tag in a b; do grep -E "failed|ms  vs" "$OUT/bench_${op}_$tag.log" | tail -4; done
+cache_out
 echo "done in $(( $(date +%s) - t0 )) s"

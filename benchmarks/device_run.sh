@@ -6,18 +6,15 @@
 #   ops: gdn (default), ladder, kkt_solve, chunk_local_cumsum, state_pass; --full runs every case instead of --quick.
 #   Time limits (s): PRECOMPILE_TIMEOUT, TEST_TIMEOUT, BENCH_TIMEOUT, or BENCH_TIMEOUT_<op> for one op; DEADLINE
 #   (epoch seconds) cuts every benchmark short of it.
-# Caches: .devrun/tlcache.tar.xz (optional) holds TileLang's kernel cache and Triton's cache. Build the TileLang
-# part on a CPU machine (`python benchmarks/precompile.py`, same TILELANG_CACHE_DIR / TILELANG_DEFAULT_TARGET);
-# whatever it misses is compiled here first, 16 processes at once. Triton keeps FLA's autotuning results
-# (TRITON_CACHE_AUTOTUNING=1) next to its compiled kernels, and FlashQLA's JIT kernels land in TileLang's cache,
-# so the whole cache leaves again as $OUT/tlcache.tar.xz: copy it to .devrun/ and the next call of the session
-# neither recompiles nor re-autotunes (the first FLA run of a bare machine spends minutes autotuning).
+# Caches (benchmarks/device_cache.sh): .devrun/*.tar.xz unpacked into the kernel caches first (build the TileLang
+# part on a CPU machine: `python benchmarks/precompile.py`, same TILELANG_CACHE_DIR / TILELANG_DEFAULT_TARGET);
+# whatever it misses is compiled here first, 16 processes at once; what the call added leaves as
+# $OUT/newcache.tar.xz (copy it to .devrun/ for the next call).
 set -o pipefail
-export TILELANG_CACHE_DIR=$PWD/.tl-cache TILELANG_DEFAULT_TARGET='{"kind":"cuda","arch":"sm_90a"}' PYTHONUNBUFFERED=1
-export TRITON_CACHE_DIR=$PWD/.tl-cache/triton TRITON_CACHE_AUTOTUNING=1
+. benchmarks/device_cache.sh
 OUT=${OUT:-$PWD/device-out}
-mkdir -p "$OUT" .tl-cache
-[ -f .devrun/tlcache.tar.xz ] && tar xJf .devrun/tlcache.tar.xz -C .tl-cache
+mkdir -p "$OUT"
+cache_in
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw --format=csv,noheader
 t0=$(date +%s)
 quick=--quick tests=1
@@ -48,6 +45,5 @@ for op in "${@:-gdn}"; do
     2>&1 | grep -v INFO > "$OUT/bench_$op.log"
   grep "^|" "$OUT/bench_$op.log"
 done
-# (nvcc's content-addressed cubins stay behind: the kernels load from their own cache entries)
-tar cJf "$OUT/tlcache.tar.xz" --exclude='*/cuda-binaries' -C .tl-cache .
-echo "all: $(( $(date +%s) - t0 )) s; cache $(du -h "$OUT/tlcache.tar.xz" | cut -f1)"
+cache_out
+echo "all: $(( $(date +%s) - t0 )) s"

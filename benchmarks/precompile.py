@@ -41,9 +41,10 @@ def compile_one(job):
 def jobs():
     """kkt / cumsum: every shipped configuration.  State/output passes with the (varlen, initial state, final
     state) switches the GPU tests and benchmarks use: GDN in both passes (and its half-precision beta), the other
-    ladder levels in the pass that serves them, the warp-specialised pass at both DV blocks (K / 2 below 66 CTAs,
-    K from there on) and its sequence-split transitions."""
+    ladder levels in the pass that serves them, the warp-specialised pass at every DV block it is built for
+    (chunk_fwd_ws.dv_blocks) and its sequence-split transitions."""
     from tilela.kernels.hopper import CUMSUM_CONFIGS, KKT_CONFIGS
+    from tilela.kernels.hopper.chunk_fwd_ws import dv_blocks
 
     out = [("cumsum", c) for c in CUMSUM_CONFIGS] + [("kkt", c) for c in KKT_CONFIGS]
     switches = [(True, True, True), (False, False, True), (False, True, True), (True, False, True),
@@ -58,7 +59,7 @@ def jobs():
                 out.append(("chunk_fwd", (K, gate, delta, dtype, beta_dtype, flags)))
             if gate != "channel" and K != 256:
                 out += [("ws", (K, K, gate, delta, dtype, beta_dtype, flags, block_DV, True))
-                        for block_DV in (K // 2, K)]
+                        for block_DV in dv_blocks(K)]
                 if flags == (True, True, True):  # the state pass alone: the sequence split's transitions (value
                     # [V | 0] with the delta rule, V without) and the state_pass benchmark's state_only row
                     out += [("ws", (K, V, gate, delta, dtype, beta_dtype, flags, block_DV, False))

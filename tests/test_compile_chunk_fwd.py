@@ -1,6 +1,6 @@
 """Every ladder level's state/output kernel (chunk_fwd: gate x update rule, GDN included), the warp-specialised
-pass (chunk_fwd_ws: no gate or a scalar one, DV blocks K / 2 and K, and the state-only transition pass of the
-sequence split) and the level-1 sequence-in-grid kernel lower and nvcc-compile for sm_90a (no GPU needed), with
+pass (chunk_fwd_ws: no gate or a scalar one, DV blocks K / 2 and K, K / 4 and K / 8 for a few, and the state-only
+transition pass of the sequence split) and the level-1 sequence-in-grid kernel lower and nvcc-compile for sm_90a (no GPU needed), with
 the tile configuration the launchers use, in bf16 and fp16, K = V in {64, 128} (GDN also 256).  The varlen /
 initial-state / final-state switches rotate over the cases.  Configurations are compiled once, in parallel over the machine's cores."""
 
@@ -43,7 +43,9 @@ CASES = [
     for m, (K, dtype) in enumerate([(64, "bfloat16"), (128, "bfloat16"), (64, "float16"), (128, "float16")])
 ] + [
     ("ws_full", "scalar", True, 128, "float16", "float16", FLAGS[0]),
-    ("ws_quarter", "scalar", True, 128, "bfloat16", "float32", FLAGS[0]),  # GDN, DV blocks of K / 4
+    ("ws_quarter", "scalar", True, 128, "bfloat16", "float32", FLAGS[0]),  # GDN, DV blocks of K / 4 and K / 8
+    ("ws_eighth", "scalar", True, 128, "bfloat16", "float32", FLAGS[1]),
+    ("ws_quarter", "none", False, 64, "float16", None, FLAGS[2]),  # 16 columns: linear attention at K = 64
     # the sequence split's transitions: value [V | 0] (V = 2K), state alone, DV block K and K / 2
     ("ws_split_full", "scalar", True, 128, "bfloat16", "float32", FLAGS[0]),
     ("ws_split_half", "none", True, 64, "float16", "float32", FLAGS[0]),
@@ -56,6 +58,9 @@ CASES = [
     ("chunk_fwd", "channel", True, 64, "float16", "float32", FLAGS[3]),
     ("chunk_fwd", "channel", True, 128, "float16", "float32", FLAGS[1]),
 ]
+
+
+DV_FRACTION = {"full": 1, "half": 2, "quarter": 4, "eighth": 8}  # K / DV block of the ws kinds
 
 
 def _lower(case):
@@ -75,8 +80,7 @@ def _lower(case):
     elif kind.startswith("ws"):
         split = kind.startswith("ws_split")
         func = chunk_fwd_ws_kernel(K, 2 * K if split else K, K**-0.5, gate, delta, dtype, beta_dtype or "float32",
-                                   *flags, {"full": K, "half": K // 2, "quarter": K // 4}[kind.rsplit("_", 1)[1]],
-                                   not split)
+                                   *flags, K // DV_FRACTION[kind.rsplit("_", 1)[1]], not split)
     else:
         func = linear_attn_seq_in_grid_kernel(H, HV, K, K, K**-0.5, dtype, *flags)
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})

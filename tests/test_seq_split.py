@@ -37,11 +37,11 @@ def test_segment_plan_rejects_empty_segments():
 
 
 @pytest.mark.parametrize("lengths,heads,delta,segment_chunks", [
-    ([32768], 8, True, 64),  # 16 CTAs for 512 chunks: 8 segments, modelled 0.46 against 1.18 ms
-    ([32768], 16, True, 64),
+    ([32768], 8, True, 64),  # 32 CTAs of K / 4 for 512 chunks: 8 segments, modelled 0.52 against 0.95 ms
+    ([32768], 16, True, None),  # 64 CTAs of K / 4: the split's gain stays within the margin
     ([32768], 32, True, None),  # the split's extra pass outweighs what the extra CTAs bring
-    ([8192], 8, True, 16),
-    ([8192], 16, False, 32),
+    ([8192], 8, True, None),
+    ([32768], 16, False, 64),  # the plain update's transitions are cheaper: V alone
     ([2048], 8, True, None),
     ([28672, 4096], 8, True, 64),
     ([1024] * 8, 8, True, None),
@@ -55,18 +55,18 @@ def test_auto_plan_splits_only_long_sequences_on_small_grids(lengths, heads, del
 
 def test_modelled_split_time_adds_both_passes_and_the_combine():
     plan = SegmentPlan.of([32768], 64)
-    # transitions (state alone, V = 2K): 64 sequence-heads x 4 DV blocks of K / 2 (two waves of 132 SMs) beat
-    # 128 CTAs of K; outputs: 128 CTAs of K / 2, one wave
-    expected = (2 * 64 * CHUNK_US[(False, False)] + 64 * CHUNK_US[(False, True)]) * 1e-3 + SPLIT_FIXED_MS \
-        + 7 * COMBINE_STEP_MS
+    # transitions (state alone, V = 2K): the faster of 64 sequence-heads x 4 DV blocks of K / 2 (two waves of 132
+    # SMs) and 128 CTAs of K (one wave); outputs: 128 CTAs of K / 2, one wave
+    transitions = min(2 * 64 * CHUNK_US[(2, False)], 64 * CHUNK_US[(1, False)])
+    expected = (transitions + 64 * CHUNK_US[(2, True)]) * 1e-3 + SPLIT_FIXED_MS + 7 * COMBINE_STEP_MS
     assert modelled_ms([32768], 8, 132, plan) == pytest.approx(expected)
-    assert modelled_ms([32768], 8, 132, None) == pytest.approx(512 * CHUNK_US[(False, True)] * 1e-3)
+    assert modelled_ms([32768], 8, 132, None) == pytest.approx(512 * CHUNK_US[(4, True)] * 1e-3)  # 32 CTAs of K / 4
 
 
 def test_modelled_split_without_delta_rule_runs_transitions_on_V_alone():
     plan = SegmentPlan.of([32768], 64)
     # transitions: 64 sequence-heads x 2 DV blocks of K / 2 (one wave), as the outputs
-    expected = 64 * (CHUNK_US[(False, False)] + CHUNK_US[(False, True)]) * 1e-3 + SPLIT_FIXED_MS + 7 * COMBINE_STEP_MS
+    expected = 64 * (CHUNK_US[(2, False)] + CHUNK_US[(2, True)]) * 1e-3 + SPLIT_FIXED_MS + 7 * COMBINE_STEP_MS
     assert modelled_ms([32768], 8, 132, plan, delta=False) == pytest.approx(expected)
 
 

@@ -4,7 +4,8 @@ chunk chain's cost is measured apart from cumsum and kkt_solve (computed once pe
 Implementations on the GDN benchmark's inputs (gdn.make_inputs, with gc and A from our kernels):
   ws_half    the warp-specialised pass, DV blocks of K / 2
   ws_full    the warp-specialised pass, DV blocks of K
-  ws_quarter the warp-specialised pass, DV blocks of K / 4 (twice the CTAs of ws_half, the same chain)
+  ws_quarter the warp-specialised pass, DV blocks of K / 4 (twice the CTAs of ws_half, shorter products)
+  ws_eighth  the warp-specialised pass, DV blocks of K / 8
   loop       the single-warp-group pass (DV blocks of 32)
   split      the warp-specialised pass with the sequence split (seq_split.auto_plan; cases it leaves unsplit are
              left out)
@@ -93,6 +94,7 @@ BENCH = Bench(
         "ws_half": lambda case, x: _pass(x, kernel="ws", block_DV=case.params["K"] // 2),
         "ws_full": lambda case, x: _pass(x, kernel="ws", block_DV=case.params["K"]),
         "ws_quarter": lambda case, x: _pass(x, kernel="ws", block_DV=case.params["K"] // 4),
+        "ws_eighth": lambda case, x: _pass(x, kernel="ws", block_DV=case.params["K"] // 8),
         "loop": lambda case, x: _pass(x, kernel="loop"),
         "split": _split,
         "state_only": _state_only,

@@ -282,9 +282,8 @@ def input_stages(K, block_DV, delta, store_output):
 
 
 def dv_blocks(K):
-    """The DV blocks the pass is built for: K, K / 2 and, down to 32 columns, K / 4 (twice the CTAs of K / 2 over
-    the same chain; the state_pass benchmark's ws_quarter row, not one default_block_DV picks)."""
-    return tuple(block for block in (K, K // 2, K // 4) if block >= 32)
+    """The DV blocks the pass is built for, largest first: K, K / 2, K / 4 and K / 8, down to 16 columns."""
+    return tuple(block for block in (K, K // 2, K // 4, K // 8) if block >= 16)
 
 
 def covers(K, V, gate, dtype):
@@ -292,24 +291,28 @@ def covers(K, V, gate, dtype):
     return K == V and K in (64, 128) and gate in GATES and dtype in ("bfloat16", "float16")
 
 
-# Chunk period of one CTA in us (H200, GDN, K = 128; `tilela bench --op state_pass`, 2026-11-30), by (DV block == K,
-# output group on), measured at up to 132 CTAs. The pass is bound by each CTA's serial chain of chunks with one CTA
-# per SM, so a launch takes about waves x chunks x period.  Without the output group (the state alone, as the
-# split's transitions) a DV block of K / 2 runs its chain in 2.2 us at 128 CTAs (1.65 us at 16; the transitions fill
-# the GPU, so the model takes 2.2), K in ~4.2 us (not measured alone: fitted to the split's times). Applied as is to
-# the other ladder levels and K = 64.
-CHUNK_US = {(False, True): 2.3, (True, True): 4.1, (False, False): 2.2, (True, False): 4.2}
+# Chunk period of one CTA in us (H200, GDN, K = 128; `tilela bench --op state_pass`, 2026-11-30), by (K / DV block,
+# output group on). The pass is bound by each CTA's serial chain of chunks with one CTA per SM, so a launch takes
+# about waves x chunks x period. With the output group: K / 2 2.3 us and K 4.1 us (16-132 CTAs); K / 4 1.58 us at
+# 32 CTAs, 1.62 at 64 and 1.84-1.88 at 128 (state_pass-20261130T120417Z; its shorter products shorten the chain
+# more than its extra CTAs cost), taken at the full-GPU 1.86. Without the output group (the split's transitions) K / 2
+# runs its chain in 2.2 us at 128 CTAs (1.65 us at 16; the transitions fill the GPU, so the model takes 2.2), K in
+# ~4.2 us (not measured alone: fitted to the split's times); K / 4 not measured, so never picked there. Applied as
+# is to the other ladder levels and K = 64.
+CHUNK_US = {(2, True): 2.3, (1, True): 4.1, (4, True): 1.86, (2, False): 2.2, (1, False): 4.2}
 
 
 def modelled_us(K, V, grid, chunks, block_DV, sms, store_output=True):
     """Modelled time of one launch: waves of CTAs (grid = sequences x value heads) times the chunk chain."""
-    return math.ceil(grid * (V // block_DV) / sms) * chunks * CHUNK_US[(block_DV == K, store_output)]
+    return math.ceil(grid * (V // block_DV) / sms) * chunks * CHUNK_US[(K // block_DV, store_output)]
 
 
 def default_block_DV(K, V, grid, sms=132, store_output=True):
-    """The DV block (K / 2 or K) of least modelled time for grid = sequences x value heads on sms SMs; K on a tie
-    (the q/k loads and Q K^T once per K columns of V).  With the output group that is K / 2 up to sms / 2 CTAs
-    and K up to sms (measured: GDN 1x32768 h16/32, 32 CTAs, 1.30 ms at K / 2 against 1.86 ms at K); past one wave
-    the wave count decides (K / 2 where it needs less than twice the waves of K, e.g. 133-198 CTAs: a model, not
-    measured there).  V > K only in the sequence split's transitions (V = 2K: the [V | 0] value)."""
-    return min((K, K // 2), key=lambda block: modelled_us(K, V, grid, 1, block, sms, store_output))
+    """The DV block (of dv_blocks(K), 32 columns or more, with a measured chunk period) of least modelled time for
+    grid = sequences x value heads on sms SMs; the larger block on a tie (the q/k loads and Q K^T once per block).
+    With the output group and K = 128 that is K / 4 up to sms / 4 CTAs (measured: GDN 1x8192, 8 and 32 value heads,
+    0.202 and 0.236 ms at K / 4 against 0.298 and 0.312 at K / 2), K / 2 up to sms / 2 and K up to sms (measured:
+    GDN 1x32768 h16/32, 32 CTAs, 1.30 ms at K / 2 against 1.86 ms at K); past one wave the wave count decides (a
+    model, not measured there).  V > K only in the sequence split's transitions (V = 2K: the [V | 0] value)."""
+    blocks = [block for block in dv_blocks(K) if block >= 32 and (K // block, store_output) in CHUNK_US]
+    return min(blocks, key=lambda block: modelled_us(K, V, grid, 1, block, sms, store_output))
