@@ -7,7 +7,7 @@
 # float64 check cases; the second first runs the GPU tests named in $TESTS (pytest arguments), if any. DEADLINE
 # (epoch seconds, default 520 s from now, leaving time for cache_out) stops both benchmarks; each keeps the cases
 # it finished in $OUT/OP_a.json and $OUT/OP_b.json (one table of both: `tilela bench --report OP_a.json OP_b.json`).
-# Caches: benchmarks/device_cache.sh (.devrun/*.tar.xz in, $OUT/newcache.tar.xz out).
+# Caches: benchmarks/device_cache.sh (.devrun/*.tar.xz in, $OUT/newcache-<time>.tar.xz out).
 set -o pipefail
 op=$1
 . benchmarks/device_cache.sh

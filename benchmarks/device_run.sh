@@ -9,7 +9,7 @@
 # Caches (benchmarks/device_cache.sh): .devrun/*.tar.xz unpacked into the kernel caches first (build the TileLang
 # part on a CPU machine: `python benchmarks/precompile.py`, same TILELANG_CACHE_DIR / TILELANG_DEFAULT_TARGET);
 # whatever it misses is compiled here first, 16 processes at once; what the call added leaves as
-# $OUT/newcache.tar.xz (copy it to .devrun/ for the next call).
+# $OUT/newcache-<time>.tar.xz (copy it to .devrun/ for the next call).
 set -o pipefail
 . benchmarks/device_cache.sh
 OUT=${OUT:-$PWD/device-out}

@@ -28,7 +28,7 @@ def test_ws_block_follows_grid_size(K, V, grid, block):
 @pytest.mark.parametrize("grid,block", [(33, 64), (66, 128), (128, 128), (500, 128)])
 def test_ws_block_without_output_group(grid, block):
     """The state pass alone (the split's transitions, V = 2K): K / 2 runs its chain 1.9x faster than K at a full GPU
-    (2.2 against 4.2 us), so it wins only where twice the CTAs fit the same number of waves."""
+    (2.2 against 4.2 us), so it wins while its twice the CTAs take fewer than 1.9x the waves of K."""
     assert chunk_fwd_ws.default_block_DV(128, 256, grid, 132, store_output=False) == block
 
 

@@ -84,8 +84,8 @@ def auto_plan(lengths, heads: int, sms: int, K: int = 128, delta: bool = True,
     """The segment size (from SEGMENT_CHUNKS) whose modelled time is lowest, if it beats the unsplit pass's by the
     margin; else None (tilela.ops asks it for every call the warp-specialised pass covers). The margin covers what
     the model leaves out: when the transitions fill the GPU several waves deep their chunk period grows (shared
-    bandwidth), and the H200 measured the split slower than the unsplit pass at modelled gains of 10-25%
-    (1x8192 h4/16, 28672+4096 h4/16)."""
+    bandwidth). With margin 0.8 and the chunk periods of chunk_fwd_ws.CHUNK_US the model agrees with every split
+    and unsplit pass the H200 has timed (benchmarks/NOTES.md, 2026-11-30)."""
     longest = max((math.ceil(n / CHUNK) for n in lengths), default=0)
     best, best_ms = None, margin * modelled_ms(lengths, heads, sms, None, K, delta)
     for segment_chunks in SEGMENT_CHUNKS:
