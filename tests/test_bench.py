@@ -55,3 +55,14 @@ def test_report_merges_result_files_later_first(tmp_path):
     assert bench.main(["--report", *map(str, paths)]) == 0
     with pytest.raises(ValueError, match="expected results of op 'ladder', got 'gdn'"):
         bench.merged(paths, "ladder")
+
+
+def test_cases_run_in_the_order_asked_and_unknown_names_fail():
+    from tilela.bench import gdn
+
+    grid = gdn.cases(False)
+    names = ["1x2048_h2-8_mixed", "1x32768_h16-32_decay"]
+    assert [c.name for c in bench.selected(grid, names)] == names
+    assert bench.selected(grid, None) == grid
+    with pytest.raises(ValueError, match=r"--cases: unknown case names \['1x5_h1-1_mixed'\]"):
+        bench.selected(grid, ["1x5_h1-1_mixed"])

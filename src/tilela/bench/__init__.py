@@ -171,6 +171,17 @@ def time_eager(fn: Callable[[dict[str, Any]], Any], input_sets: list[dict[str, A
     return statistics.median(times)
 
 
+def selected(cases: list[Case], only: list[str] | None) -> list[Case]:
+    """The cases named in only, in its order (so a device call can put the rows it needs most first), or all."""
+    if only is None:
+        return cases
+    by_name = {case.name: case for case in cases}
+    unknown = [name for name in only if name not in by_name]
+    if unknown:
+        raise ValueError(f"--cases: unknown case names {unknown} (known: {list(by_name)})")
+    return [by_name[name] for name in only]
+
+
 def run(op: str, quick: bool = False, replays: int = 30, impls: list[str] | None = None,
         save: Callable[[list[dict[str, Any]]], None] | None = None, only: list[str] | None = None,
         checks: bool = True) -> list[dict[str, Any]]:
@@ -198,9 +209,7 @@ def run(op: str, quick: bool = False, replays: int = 30, impls: list[str] | None
                 print(f"{check.name:40s} {impl:24s} rel err vs float64 {records[-1]['rel_err'] or error}", flush=True)
         del inputs, ref
 
-    for case in bench.cases(quick):
-        if only is not None and case.name not in only:
-            continue
+    for case in selected(bench.cases(quick), only):
         first = bench.make_inputs(case, 0)
         rotations = max(2, min(32, math.ceil(2 * l2 / max(input_bytes(first), 1))))
         input_sets = [first] + [bench.make_inputs(case, seed) for seed in range(1, rotations)]
@@ -299,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a subset of the cases")
     parser.add_argument("--replays", type=int, default=30)
     parser.add_argument("--impls", default=None, help="comma-separated subset of the implementations")
-    parser.add_argument("--cases", default=None, help="comma-separated subset of the case names")
+    parser.add_argument("--cases", default=None, help="comma-separated case names, run in this order")
     parser.add_argument("--no-checks", dest="checks", action="store_false",
                         help="skip the float64 check cases (e.g. when another process of the same run does them)")
     parser.add_argument("--out", type=Path, default=None,
