@@ -1,6 +1,7 @@
 """GDN state/output kernels (scalar gate + delta rule) on a Hopper GPU against the float64 reference stack
-(layer B, reference.chunked): the warp-specialised pass (chunk_fwd_ws, K <= 128; DV blocks of 64 on small grids,
-128 from 66 CTAs on) and the single-warp-group pass (chunk_fwd, every K).
+(layer B, reference.chunked): the warp-specialised pass (chunk_fwd_ws, K <= 128; DV blocks by grid size, 32 on the
+smallest grids at K = 128, then 64, 128 from 66 CTAs on; and every block it is built for) and the single-warp-group
+pass (chunk_fwd, every K).
 
 The kernel gets the chunk-local cumsum gc and A = kkt_solve(...) from the reference, rounded to the kernel's
 input types (gc fp32, A in q's dtype), so the test isolates the state/output pass.
@@ -18,6 +19,7 @@ if not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 
     pytest.skip("needs a Hopper GPU", allow_module_level=True)
 
 from tilela.kernels.hopper.chunk_fwd import chunk_forward  # noqa: E402
+from tilela.kernels.hopper.chunk_fwd_ws import dv_blocks  # noqa: E402
 from tilela.kernels.hopper.seq_split import SegmentPlan  # noqa: E402
 
 TOL = 1e-2
@@ -39,7 +41,7 @@ def make_inputs(B, T, H, HV, K, dtype, beta_dtype, gate, seed):
 
 
 def run_case(B, T, H, HV, K, dtype=torch.bfloat16, beta_dtype=torch.float32, gate="mixed", cu_seqlens=None,
-             use_h0=True, store_ht=True, seed=0, kernel="auto", segment_chunks=None):
+             use_h0=True, store_ht=True, seed=0, kernel="auto", segment_chunks=None, block_DV=None):
     N = B if cu_seqlens is None else len(cu_seqlens) - 1
     q, k, v, g, beta, h0 = make_inputs(B, T, H, HV, K, dtype, beta_dtype, gate, seed)
     h0 = h0[:1].expand(N, -1, -1, -1).contiguous() if use_h0 else None
@@ -52,7 +54,7 @@ def run_case(B, T, H, HV, K, dtype=torch.bfloat16, beta_dtype=torch.float32, gat
     o, ht = chunk_forward(
         q.to(dev), k.to(dev), v.to(dev), gc.float().to(dev), beta.to(dev), A.to(dtype).to(dev), scale,
         initial_state=None if h0 is None else h0.float().to(dev), output_final_state=store_ht,
-        cu_seqlens=None if cu is None else cu.to(dev), kernel=kernel,
+        cu_seqlens=None if cu is None else cu.to(dev), kernel=kernel, block_DV=block_DV,
         segments=None if segment_chunks is None else SegmentPlan.of(
             [T] * B if cu_seqlens is None else [e - s for s, e in zip(cu_seqlens[:-1], cu_seqlens[1:])],
             segment_chunks),
@@ -88,6 +90,17 @@ KERNEL_CASES = [(name, kernel) for name in CASES for kernel in ("ws", "loop") if
 @pytest.mark.parametrize("name,kernel", KERNEL_CASES, ids=[f"{n}-{k}" for n, k in KERNEL_CASES])
 def test_gdn_forward_matches_reference(name, kernel):
     err_o, err_s = run_case(**CASES[name], kernel=kernel)
+    assert err_o < TOL, f"o rel L2 {err_o:.3e}"
+    assert err_s < TOL, f"final state rel L2 {err_s:.3e}"
+
+
+BLOCK_CASES = [(name, block) for name in ("varlen_128", "dense_64", "varlen_128_fp16_fp16beta")
+               for block in dv_blocks(CASES[name]["K"])]
+
+
+@pytest.mark.parametrize("name,block_DV", BLOCK_CASES, ids=[f"{n}-DV{b}" for n, b in BLOCK_CASES])
+def test_gdn_forward_every_dv_block(name, block_DV):
+    err_o, err_s = run_case(**CASES[name], kernel="ws", block_DV=block_DV)
     assert err_o < TOL, f"o rel L2 {err_o:.3e}"
     assert err_s < TOL, f"final state rel L2 {err_s:.3e}"
 
