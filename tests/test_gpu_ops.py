@@ -63,11 +63,15 @@ def test_gdn_against_float64_reference(lengths, B, h_qk, h_v, dim, dtype, gate, 
     assert rel_l2(S, ref_S) < 1e-2
 
 
-@pytest.mark.parametrize("lengths,h_v,splits", [((300, 1, 77), 4, False), ((8000, 1, 190), 4, True),
+# a layout auto_plan splits over 4 value heads, with and without the delta rule (tests/test_seq_split.py checks it)
+SPLIT_LAYOUT = (10000, 1, 190)
+
+
+@pytest.mark.parametrize("lengths,h_v,splits", [((300, 1, 77), 4, False), (SPLIT_LAYOUT, 4, True),
                                                  ((8192,), 4, True)], ids=["varlen", "varlen_split", "dense_split"])
 def test_gdn_captures_in_a_cuda_graph(lengths, h_v, splits):
     """The whole op replays from a CUDA graph on new inputs, unsplit and with the sequence split (auto_plan
-    splits an 8000-token sequence over 4 value heads), varlen and dense (a single sequence without cu_seqlens)."""
+    splits a 10000-token sequence over 4 value heads), varlen and dense (a single sequence without cu_seqlens)."""
     from tilela.kernels.hopper import multiprocessors
     from tilela.kernels.hopper.seq_split import auto_plan
 
@@ -135,12 +139,12 @@ def _ladder_op_against_reference(op, x, g, delta):
 @pytest.mark.parametrize("op,gate,delta", [("chunk_linear_attn", None, False), ("chunk_simple_gla", "scalar", False),
                                            ("chunk_delta_rule", None, True)])
 def test_ladder_ops_split_long_sequences(op, gate, delta):
-    """Levels 1, 2 and 4 on a layout auto_plan splits (an 8000-token sequence over 4 heads): the plain update's
+    """Levels 1, 2 and 4 on a layout auto_plan splits (a 10000-token sequence over 4 heads): the plain update's
     transitions (B from a zero state, M the segment's decay) and the delta rule's ([B | M])."""
     from tilela.kernels.hopper import multiprocessors
     from tilela.kernels.hopper.seq_split import auto_plan
 
-    lengths = (8000, 1, 190)
+    lengths = SPLIT_LAYOUT
     assert auto_plan(lengths, 4, multiprocessors(torch.device("cuda")), 128, delta) is not None
     x = make(lengths, 1, 4, 4, 128, torch.bfloat16, "mixed", seed=11)
     _ladder_op_against_reference(op, x, x["g"] if gate else None, delta)

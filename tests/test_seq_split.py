@@ -42,6 +42,9 @@ def test_segment_plan_rejects_empty_segments():
     ([32768], 32, True, None),  # the split's extra pass outweighs what the extra CTAs bring
     ([8192], 8, True, None),
     ([32768], 16, False, 64),  # the plain update's transitions are cheaper: V alone
+    ([10000, 1, 190], 4, True, 16),  # the layouts the GPU tests split (tests/test_gpu_ops.py)
+    ([10000, 1, 190], 4, False, 16),
+    ([8192], 4, True, 16),
     ([2048], 8, True, None),
     ([28672, 4096], 8, True, 64),
     ([1024] * 8, 8, True, None),

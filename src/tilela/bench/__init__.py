@@ -90,16 +90,23 @@ def _try_import(name):
         return None
 
 
+def split_plan(lengths: list[int], v: torch.Tensor, K: int, delta: bool = True):
+    """The sequence split the public ops plan for these sequence lengths and v's value heads and device
+    (kernels.hopper.seq_split.auto_plan), or None."""
+    from tilela.kernels import hopper
+    from tilela.kernels.hopper.seq_split import auto_plan
+
+    return auto_plan(lengths, v.shape[2], hopper.multiprocessors(v.device), K, delta)
+
+
 def ours_unsplit(x: dict[str, Any], lengths: list[int], K: int) -> torch.Tensor | None:
     """o of our Hopper pipeline with the sequence split turned off, or None where the public op does not split
     this call (then the row would repeat the op's). x: q, k, v, initial_state and optionally g, beta,
     cu_seqlens."""
     from tilela import ops
     from tilela.kernels import hopper
-    from tilela.kernels.hopper.seq_split import auto_plan
 
-    delta = x.get("beta") is not None
-    if auto_plan(lengths, x["v"].shape[2], hopper.multiprocessors(x["v"].device), K, delta) is None:
+    if split_plan(lengths, x["v"], K, delta=x.get("beta") is not None) is None:
         return None
     o, _ = ops._hopper_attention(hopper, x["q"], x["k"], x["v"], x.get("g"), x.get("beta"), K**-0.5,
                                  x["initial_state"], True, x.get("cu_seqlens"), segments=None)

@@ -21,7 +21,7 @@ import torch
 
 from tilela import reference
 
-from . import Bench, gdn
+from . import Bench, gdn, split_plan
 
 LAYOUTS = ("1x32768", "1x8192")
 QUICK = [((16, 32), "1x32768"), ((2, 8), "1x32768"), ((32, 32), "1x8192")]
@@ -67,11 +67,7 @@ def _reference(case, x):
 
 
 def _split(case, x):
-    from tilela.kernels import hopper
-    from tilela.kernels.hopper.seq_split import auto_plan
-
-    p = case.params
-    plan = auto_plan(p["lengths"], p["HV"], hopper.multiprocessors(x["v"].device), p["K"])
+    plan = split_plan(case.params["lengths"], x["v"], case.params["K"])
     return None if plan is None else _pass(x, segments=plan)
 
 
