@@ -4,7 +4,7 @@
         python benchmarks/precompile.py [processes] [kinds, e.g. kkt,cumsum (default: all)]
     mkdir -p .devrun && tar cJf .devrun/tlcache.tar.xz -C .tl-cache .
 
-Compiles every kkt_solve / chunk_local_cumsum configuration we ship and the state/output configurations the GPU
+Compiles every kkt_solve / chunk_local_cumsum / gla_factors configuration we ship and the state/output configurations the GPU
 tests and benchmarks reach (jobs()). benchmarks/device_run.sh unpacks the tarball on the device and runs this
 script there first, 16 processes at once, for whatever the tarball misses.
 """
@@ -31,7 +31,8 @@ def compile_one(job):
             hopper.compiled(chunk_fwd_ws.chunk_fwd_ws_kernel, K, V, float(K) ** -0.5, gate, delta, dtype,
                             beta_dtype, *flags, block_DV, store_output, warp_specialized=True)
         else:
-            builder = hopper.kkt_solve_kernel if kind == "kkt" else hopper.chunk_local_cumsum_kernel
+            builder = {"kkt": hopper.kkt_solve_kernel, "cumsum": hopper.chunk_local_cumsum_kernel,
+                       "gla": hopper.gla_factors_kernel}[kind]
             hopper.compiled(builder, *cfg)
         return job, time.time() - t, None
     except Exception as e:  # report and go on: a miss only costs a compile on the device
@@ -39,14 +40,15 @@ def compile_one(job):
 
 
 def jobs():
-    """kkt / cumsum: every shipped configuration.  State/output passes with the (varlen, initial state, final
+    """kkt / cumsum / gla: every shipped configuration.  State/output passes with the (varlen, initial state, final
     state) switches the GPU tests and benchmarks use: GDN in both passes (and its half-precision beta), the other
     ladder levels in the pass that serves them, the warp-specialised pass at every DV block it is built for
     (chunk_fwd_ws.dv_blocks) and its sequence-split transitions."""
-    from tilela.kernels.hopper import CUMSUM_CONFIGS, KKT_CONFIGS
-    from tilela.kernels.hopper.chunk_fwd_ws import dv_blocks
+    from tilela.kernels.hopper import CUMSUM_CONFIGS, GLA_FACTORS_CONFIGS, KKT_CONFIGS
+    from tilela.kernels.hopper.chunk_fwd_ws import covers, dv_blocks
 
-    out = [("cumsum", c) for c in CUMSUM_CONFIGS] + [("kkt", c) for c in KKT_CONFIGS]
+    out = ([("cumsum", c) for c in CUMSUM_CONFIGS] + [("kkt", c) for c in KKT_CONFIGS]
+           + [("gla", c) for c in GLA_FACTORS_CONFIGS])
     switches = [(True, True, True), (False, False, True), (False, True, True), (True, False, True),
                 (False, False, False), (True, True, False)]
     levels = (("scalar", True), ("none", False), ("scalar", False), ("none", True), ("channel", False),
@@ -57,10 +59,10 @@ def jobs():
         for beta_dtype in betas:
             if gate == "channel" or K == 256 or (gate, delta) == ("scalar", True):
                 out.append(("chunk_fwd", (K, gate, delta, dtype, beta_dtype, flags)))
-            if gate != "channel" and K != 256:
+            if covers(K, K, gate, delta, dtype):
                 out += [("ws", (K, K, gate, delta, dtype, beta_dtype, flags, block_DV, True))
                         for block_DV in dv_blocks(K)]
-                if flags == (True, True, True):  # the state pass alone: the sequence split's transitions (value
+                if flags == (True, True, True) and gate != "channel":  # the state pass alone: the sequence split's transitions (value
                     # [V | 0] with the delta rule, V without) and the state_pass benchmark's state_only row
                     out += [("ws", (K, V, gate, delta, dtype, beta_dtype, flags, block_DV, False))
                             for V in ((K, 2 * K) if delta else (K,)) for block_DV in (K // 2, K)]

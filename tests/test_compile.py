@@ -1,4 +1,4 @@
-"""Every shipped chunk_local_cumsum / kkt_solve configuration lowers and nvcc-compiles for sm_90a (no GPU needed).
+"""Every shipped chunk_local_cumsum / kkt_solve / gla_factors configuration lowers and nvcc-compiles for sm_90a (no GPU needed).
 
 Sizes (tokens, heads, K, sequences) are symbolic in both kernels, so the static configurations listed in
 tilela.kernels.hopper are the whole set: K = 64, 128, 256 and every head count share one compiled kernel.
@@ -20,7 +20,10 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found"),
 ]
 
-CASES = [("cumsum", c) for c in hopper.CUMSUM_CONFIGS] + [("kkt_solve", c) for c in hopper.KKT_CONFIGS]
+CASES = ([("cumsum", c) for c in hopper.CUMSUM_CONFIGS] + [("kkt_solve", c) for c in hopper.KKT_CONFIGS]
+         + [("gla_factors", c) for c in hopper.GLA_FACTORS_CONFIGS])
+BUILDERS = {"cumsum": hopper.chunk_local_cumsum_kernel, "kkt_solve": hopper.kkt_solve_kernel,
+            "gla_factors": hopper.gla_factors_kernel}
 
 
 def _lower(case):
@@ -29,11 +32,9 @@ def _lower(case):
     from tilelang import tvm
 
     from tilela.kernels import pass_configs, target
-    from tilela.kernels.hopper.cumsum import chunk_local_cumsum_kernel
-    from tilela.kernels.hopper.kkt_solve import kkt_solve_kernel
 
     kind, static = case
-    builder = chunk_local_cumsum_kernel if kind == "cumsum" else kkt_solve_kernel
+    builder = BUILDERS[kind]
     tgt = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
     assert str(tgt) == str(target())
     with tvm.transform.PassContext(opt_level=3, config=pass_configs(warp_specialized=False)), tgt:
@@ -58,3 +59,9 @@ def test_compiles_for_sm90a(compiled, case):
         else:
             assert "wgmma" in source  # K K^T on the tensor cores
         assert "__launch_bounds__(128, 4)" in source
+    if case[0] == "gla_factors":
+        _, dtype = case[1]
+        if dtype == "float16":  # the sub-chunk score operands in fp32 (tf32 MMAs), as kkt_solve's
+            assert "mma_sync<tl::DataType::kTensorFloat32" in source
+        else:
+            assert "wgmma" in source

@@ -47,6 +47,13 @@ CASES = [
     ("ws_quarter", "scalar", True, 128, "bfloat16", "float32", FLAGS[0]),  # GDN, DV blocks of K / 4 and K / 8
     ("ws_eighth", "scalar", True, 128, "bfloat16", "float32", FLAGS[1]),
     ("ws_quarter", "none", False, 64, "float16", None, FLAGS[2]),  # 16 columns: linear attention at K = 64
+    # gla: the per-channel gate's factors in the q, k and A slots, every DV block the default picks
+    ("ws_full", "channel", False, 128, "bfloat16", None, FLAGS[0]),
+    ("ws_half", "channel", False, 128, "float16", None, FLAGS[1]),
+    ("ws_quarter", "channel", False, 128, "bfloat16", None, FLAGS[2]),
+    ("ws_full", "channel", False, 64, "float16", None, FLAGS[3]),
+    ("ws_half", "channel", False, 64, "bfloat16", None, FLAGS[0]),
+    ("ws_quarter", "channel", False, 64, "float16", None, FLAGS[1]),
     # the sequence split's transitions: value [V | 0] (V = 2K), state alone, DV block K and K / 2
     ("ws_split_full", "scalar", True, 128, "bfloat16", "float32", FLAGS[0]),
     ("ws_split_half", "none", True, 64, "float16", "float32", FLAGS[0]),

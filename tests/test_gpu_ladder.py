@@ -1,7 +1,8 @@
 """Ladder kernels on a Hopper GPU against the float64 reference stack (layer B, reference.chunked): levels 1
-linear_attn (sequence in the loop, and the §4 sequence-in-grid kernel), 2 simple_gla, 3 gla, 4 delta_rule, and
-the per-channel delta rule (KDA) the same builder produces, also end to end on our kernels (kda_pipeline: gc and A
-from the cumsum and per-channel kkt_solve kernels).
+linear_attn (sequence in the loop, and the §4 sequence-in-grid kernel), 2 simple_gla, 3 gla (the warp-specialised
+pass after gla_factors, and the single-warp-group pass), 4 delta_rule, and the per-channel delta rule (KDA) the same
+builder produces, also end to end on our kernels (kda_pipeline: gc and A from the cumsum and per-channel kkt_solve
+kernels); gla_factors alone against reference.chunk_math.gated_factors.
 
 The state/output kernel gets the chunk-local cumsum gc and A = kkt_solve(...) from the reference, rounded to the
 kernel's input types (gc fp32, A in q's dtype), so each test isolates the state/output pass.  Varlen layouts hold
@@ -93,8 +94,8 @@ def run_level(level, B, T, H, HV, K, dtype, cu_seqlens=None, use_h0=True, seed=0
 
 
 def kernels(level):
-    """The state/output passes a level runs on: both for the warp-specialised levels (no gate or a scalar one)."""
-    if level == "linear_attn_seq_in_grid" or LEVELS[level][0] == "channel":
+    """The state/output passes a level runs on: both for the warp-specialised levels (every level but KDA)."""
+    if level == "linear_attn_seq_in_grid" or LEVELS[level] == ("channel", True):
         return ("auto",)
     return ("ws", "loop")
 
@@ -124,3 +125,29 @@ def test_level_matches_reference(errors, job):
     err_o, err_s = result
     assert err_o < TOL, f"o rel L2 {err_o:.3e}"
     assert err_s < TOL, f"final state rel L2 {err_s:.3e}"
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_gla_factors_match_reference(case):
+    """Qg, Kd and P of every chunk (chunks from each sequence start) against the float64 gated factors."""
+    c = CASES[case]
+    B, T, HV, K, dtype = c["B"], c["T"], c["HV"], c["K"], c["dtype"]
+    q, k, _, g, _, _ = make_inputs(B, T, c["H"], HV, K, dtype, "channel", seed=1)
+    cu = c.get("cu_seqlens")
+    gc = reference.chunk_local_cumsum(g, 64, cu_seqlens=None if cu is None else torch.tensor(cu))
+    scale = K**-0.5
+    Qg, Kd, P = hopper.gla_factors(q.cuda(), k.cuda(), gc.float().cuda(), scale,
+                                   None if cu is None else torch.tensor(cu, dtype=torch.int32).cuda())
+    G = HV // c["H"]
+    qv, kv = (x.double().repeat_interleave(G, dim=2) for x in (q, k))  # value head h reads q/k head h // G
+    ref = [torch.zeros(B, T, HV, n, dtype=torch.float64) for n in (K, K, 64)]
+    bounds = [(b, s, e) for b in range(B) for s, e in ([(0, T)] if cu is None else zip(cu[:-1], cu[1:]))]
+    for b, s, e in bounds:
+        for t0 in range(s, e, 64):
+            rows = slice(t0, min(t0 + 64, e))
+            chunk = [x[b, rows].transpose(0, 1) for x in (qv, kv, gc.double())]  # [HV, L, K]
+            for out, f in zip(ref, reference.chunk_math.gated_factors(*chunk, scale)):
+                out[b, rows, :, :f.shape[-1]] = f.transpose(0, 1)
+    for name, x, r in zip(("Qg", "Kd", "P"), (Qg, Kd, P), ref):
+        err = rel_l2(x.cpu(), r)
+        assert err < TOL, f"{name} rel L2 {err:.3e}"

@@ -10,12 +10,13 @@ from tilela.kernels.hopper import chunk_fwd_ws  # noqa: E402
 from tilela.kernels.hopper.chunk_fwd import chunk_forward  # noqa: E402
 
 
-@pytest.mark.parametrize("K,gate,dtype,covered", [
-    (128, "scalar", "bfloat16", True), (64, "none", "float16", True), (256, "scalar", "bfloat16", False),
-    (128, "channel", "bfloat16", False), (128, "scalar", "float32", False),
+@pytest.mark.parametrize("K,gate,delta,dtype,covered", [
+    (128, "scalar", True, "bfloat16", True), (64, "none", False, "float16", True),
+    (256, "scalar", True, "bfloat16", False), (128, "channel", False, "bfloat16", True),
+    (128, "channel", True, "bfloat16", False), (128, "scalar", False, "float32", False),
 ])
-def test_ws_covers(K, gate, dtype, covered):
-    assert chunk_fwd_ws.covers(K, K, gate, dtype) is covered
+def test_ws_covers(K, gate, delta, dtype, covered):
+    assert chunk_fwd_ws.covers(K, K, gate, delta, dtype) is covered
 
 
 @pytest.mark.parametrize("K,V,grid,block", [(128, 128, 33, 32), (128, 128, 34, 64), (128, 128, 66, 64),
@@ -54,6 +55,14 @@ def test_sequence_split_needs_the_ws_pass():
         chunk_forward(*_inputs(256), 1.0, segments=SegmentPlan.of([64], 1))
     with pytest.raises(ValueError, match="segments: the sequence split runs on the warp-specialised pass"):
         chunk_forward(*_inputs(128), 1.0, kernel="loop", segments=SegmentPlan.of([64], 1))
+
+
+def test_sequence_split_takes_no_per_channel_gate():
+    from tilela.kernels.hopper.seq_split import SegmentPlan
+
+    q, k, v = _inputs(128)[:3]
+    with pytest.raises(ValueError, match="segments: the sequence split takes no per-channel gate"):
+        chunk_forward(q, k, v, torch.zeros(1, 64, 1, 128), None, None, 1.0, segments=SegmentPlan.of([64], 1))
 
 
 @pytest.mark.parametrize("kwargs", [dict(block_DV=8), dict(block_DV=64, kernel="loop"),

@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tilela.reference import chunk_math
 from tilela.reference import (blocked_inverse, chunk_local_cumsum, chunked, flat_block_inverse, inverse_cost,
                               kkt_solve, neumann_inverse_16, recurrent, row_forward_inplace, seq_in_grid,
                               seq_in_loop, seq_split)
@@ -92,6 +93,23 @@ def test_dv_split_is_dependency_free(gate, delta):
         torch.testing.assert_close(S, S32, rtol=0, atol=1e-14)
     o_ref, S_ref = recurrent(**problem)
     torch.testing.assert_close(o32, o_ref, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("gate", GATES)
+def test_gated_factors_give_the_chunk_step(gate):
+    """The state-independent factors (Qg, Kd, P) the GLA pre-pass computes: O = scale Qg S0 + P V and
+    S_next = exp(gc_last) ⊙ S0 + Kd^T V equal chunk_forward's plain-update step (per key channel, scalar, none)."""
+    p = make_problem(gate, False, B=1, T=16, H=2, G=1)
+    q, k, v, S0 = p["q"][0].transpose(0, 1), p["k"][0].transpose(0, 1), p["v"][0].transpose(0, 1), \
+        p["initial_state"][0]
+    g = torch.zeros(1, 16, 2, 1, dtype=F64) if p["g"] is None else p["g"]
+    gc = g.reshape(1, 16, 2, -1).cumsum(1)[0].transpose(0, 1)  # [HV, L, 1 or K]
+    scale = 8 ** -0.5
+    O, S_next = chunk_math.chunk_forward(q, k, v, gc, None, S0, scale)
+    Qg, Kd, P = chunk_math.gated_factors(q, k, gc, scale)
+    torch.testing.assert_close(scale * Qg @ S0 + P @ v, O, rtol=0, atol=1e-12)
+    decay = gc[:, -1, :].exp()[..., None]
+    torch.testing.assert_close(decay * S0 + Kd.transpose(-1, -2) @ v, S_next, rtol=0, atol=1e-12)
 
 
 def test_low_precision_inputs_are_upcast():

@@ -70,10 +70,11 @@ def _hopper_covers(dtype, g_kind, needs_beta, dims) -> bool:
 
 def _split_plan(hopper, v, g_kind, delta, dims):
     """The sequence split of this call (kernels.hopper.seq_split.auto_plan over the host sequence lengths), or
-    None: unsplit, or a configuration the warp-specialised pass does not cover."""
+    None: unsplit, a per-channel gate (whose transitions are not scalar), or a configuration the warp-specialised
+    pass does not cover."""
     from .kernels.hopper import chunk_fwd_ws, seq_split
 
-    if not chunk_fwd_ws.covers(dims.K, dims.V, g_kind, hopper.DTYPES[v.dtype]):
+    if g_kind == "channel" or not chunk_fwd_ws.covers(dims.K, dims.V, g_kind, delta, hopper.DTYPES[v.dtype]):
         return None
     lengths = [eos - bos for bos, eos in dims.seq_bounds]
     return seq_split.auto_plan(lengths, dims.HV, hopper.multiprocessors(v.device), dims.K, delta)
@@ -83,7 +84,8 @@ def _hopper_attention(hopper, q, k, v, g, beta, scale, initial_state, output_fin
                       segments=None):
     """The TileLang pipeline: gate cumsum, kkt_solve (delta rule), then the fused state/output pass
     with the sequence loop inside the block (kernels.hopper.chunk_fwd: the warp-specialised chunk_fwd_ws for
-    K <= 128 with a scalar gate or none, the single-warp-group pass for the rest). segments: a
+    K <= 128 with a scalar gate or none, or a per-channel gate with the plain update after gla_factors; the
+    single-warp-group pass for the rest). segments: a
     kernels.hopper.seq_split.SegmentPlan to run the segments of long sequences in parallel CTAs, or None."""
     from .kernels.hopper.chunk_fwd import chunk_forward
 

@@ -33,11 +33,13 @@ def channel_score_dtype(dtype: str) -> str:
     fp16 inputs, whose 65504 the factor exp(R - g_j) >= 1 may pass (bf16 has fp32's exponent range)."""
     return "float32" if dtype == "float16" else dtype
 
-def state_pass_contract(K, V, gate, delta, dtype, beta_dtype):
+def state_pass_contract(K, V, gate, delta, dtype, beta_dtype, scores=False):
     """The launch contract both state/output passes (hopper/chunk_fwd.py, hopper/chunk_fwd_ws.py) compile against,
     as a namespace: the dynamic sizes B, Tn, H, HV, NS1 (batch, tokens, q/k heads, value heads, len(cu_seqlens))
     and the tensor types of the ten arguments, in order q, k, v, g, beta, A, h0, cu_seqlens, o, ht.  Arguments a
-    configuration does not read (g without a gate; beta and A for the plain update) are one-element placeholders."""
+    configuration does not read (g without a gate; beta and A for the plain update) are one-element placeholders.
+    scores: the A slot carries the chunks' intra-chunk scores P ([B, Tn, HV, 64], the per-channel gate's factors,
+    hopper/gla_factors.py) and q, k the factors Qg, Kd (then H = HV)."""
     B, Tn, H, HV, N0, N1, NS1 = T.dynamic("B, Tn, H, HV, N0, N1, NS1")
     accum = "float32"
     g_shape = {"none": [1], "scalar": [B, Tn, HV], "channel": [B, Tn, HV, K]}[gate]
@@ -48,7 +50,7 @@ def state_pass_contract(K, V, gate, delta, dtype, beta_dtype):
         v=T.Tensor([B, Tn, HV, V], dtype),
         g=T.Tensor(g_shape, accum),
         beta=T.Tensor([B, Tn, HV] if delta else [1], beta_dtype),
-        A=T.Tensor([B, Tn, HV, TILE] if delta else [1], dtype),
+        A=T.Tensor([B, Tn, HV, TILE] if delta or scores else [1], dtype),
         h0=T.Tensor([N0, HV, K, V], accum),
         cu_seqlens=T.Tensor([NS1], "int32"),
         o=T.Tensor([B, Tn, HV, V], dtype),

@@ -8,6 +8,8 @@ gc is the chunk-local cumsum of the log gate ([L,1] scalar or [L,K] per key chan
     new values              Vnew = U - W S0
     output                  O = scale [(Q ⊙ exp(gc)) S0 + tril_incl(Gamma ⊙ Q K^T) Vnew]
     next state              S_next = exp(gc_last) ⊙ S0 + (K ⊙ exp(gc_last - gc))^T Vnew
+    gated factors           Qg = Q ⊙ exp(gc),  Kd = K ⊙ exp(gc_last - gc),  P = scale tril_incl(Gamma ⊙ Q K^T):
+                            O = scale Qg S0 + P Vnew,  S_next = exp(gc_last) ⊙ S0 + Kd^T Vnew (no S0 inside them)
 
 Every tensor may carry leading batch dims (heads, chunks). Exponents are masked before exp, so for a
 non-positive gate no exponent is positive: the per-channel decay is an [L, L, K] tensor exp(gc_i - gc_j).
@@ -49,6 +51,12 @@ def chunk_output(q, k, gc, S0, Vnew, scale):
 def chunk_state(k, gc, S0, Vnew):
     gc_last = gc[..., -1:, :]
     return gc_last.exp().transpose(-1, -2) * S0 + (k * (gc_last - gc).exp()).transpose(-1, -2) @ Vnew
+
+
+def gated_factors(q, k, gc, scale):
+    """(Qg, Kd, P): the parts of a chunk's output and state update that do not depend on its entering state."""
+    gc_last = gc[..., -1:, :]
+    return q * gc.exp(), k * (gc_last - gc).exp(), scale * gamma_scores(q, k, gc)
 
 
 def chunk_forward(q, k, v, gc, beta, S0, scale):

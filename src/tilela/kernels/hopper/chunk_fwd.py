@@ -44,7 +44,7 @@ import torch
 
 from .. import TILE as CHUNK
 from .. import channel_score_dtype, exp_e, state_pass_contract
-from . import DTYPES, _placeholder, chunk_fwd_ws, compiled, multiprocessors, seq_split
+from . import DTYPES, _placeholder, chunk_fwd_ws, compiled, gla_factors, multiprocessors, seq_split
 
 SUB = 16  # rows of a sub-chunk of the per-channel scores
 GATES = ("none", "scalar", "channel")
@@ -273,7 +273,7 @@ def _launch(kernel, q, k, v, g_cumsum, beta, A, initial_state, output_final_stat
         k,
         v,
         placeholder if g_cumsum is None else g_cumsum,
-        placeholder if A is None else beta,  # beta and A belong to the delta rule
+        placeholder if beta is None else beta,  # beta belongs to the delta rule, A to it and the per-channel factors
         _placeholder(q.device, q.dtype) if A is None else A,
         h0,
         cu,
@@ -312,8 +312,9 @@ def chunk_forward(
     g_cumsum: chunk-local cumsum of the log gate in fp32, [B,T,HV] (scalar gate), [B,T,HV,K] (per-key-channel
     gate) or None (no gate).  beta [B,T,HV] and A [B,T,HV,64] (kkt_solve output, q's dtype) for the delta rule;
     both None for the plain update S += k v^T.
-    kernel: "ws" the warp-specialised pass (chunk_fwd_ws.py: K = V in {64, 128}, scalar gate or none), "loop" this
-    file's single-warp-group pass (every configuration), "auto" the first that covers the call.
+    kernel: "ws" the warp-specialised pass (chunk_fwd_ws.py: K = V in {64, 128}, scalar gate or none, or a
+    per-channel gate with the plain update, whose factors gla_factors.py computes first), "loop" this file's
+    single-warp-group pass (every configuration), "auto" the first that covers the call.
     segments: a seq_split.SegmentPlan of the call's sequence lengths to run the segments of each sequence in
     parallel (the warp-specialised pass only; seq_split.py), or None.
     block_DV: the warp-specialised pass's DV block, one of chunk_fwd_ws.dv_blocks(K) (None:
@@ -323,10 +324,13 @@ def chunk_forward(
     K, V, _, gate, delta, dtype = static[:6]
     if kernel not in ("auto", "ws", "loop"):
         raise ValueError(f"kernel: expected 'auto', 'ws' or 'loop', got {kernel!r}")
-    ws = chunk_fwd_ws.covers(K, V, gate, dtype)
+    ws = chunk_fwd_ws.covers(K, V, gate, delta, dtype)
     if (kernel == "ws" or segments is not None) and not ws:
-        raise ValueError(f"kernel='ws' covers K = V in (64, 128) with a scalar gate or none, got K={K}, V={V}, "
-                         f"gate {gate!r}, {dtype}")
+        raise ValueError(f"kernel='ws' covers K = V in (64, 128) with a scalar gate or none, or a per-channel gate "
+                         f"with the plain update, got K={K}, V={V}, gate {gate!r}, delta rule {delta}, {dtype}")
+    if segments is not None and gate == "channel":
+        raise ValueError("segments: the sequence split takes no per-channel gate (its transitions would be "
+                         "diagonal per key channel, not scalar), got a [B, T, HV, K] gate")
     if block_DV is not None and (block_DV not in chunk_fwd_ws.dv_blocks(K) or not ws or kernel == "loop"
                                  or segments is not None):
         raise ValueError(f"block_DV: the unsplit warp-specialised pass takes one of {chunk_fwd_ws.dv_blocks(K)}, got "
@@ -340,6 +344,8 @@ def chunk_forward(
         N = v.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
         block_DV = block_DV or chunk_fwd_ws.default_block_DV(K, V, N * v.shape[2], multiprocessors(v.device))
         compiled_kernel = compiled(chunk_fwd_ws.chunk_fwd_ws_kernel, *static, block_DV, True, warp_specialized=True)
+        if gate == "channel":  # the state-independent factors first, in the q, k and A slots (chunk_fwd_ws.py)
+            q, k, A = gla_factors(q, k, g_cumsum, scale, cu_seqlens)
     else:
         compiled_kernel = compiled(chunk_fwd_kernel, *static, *default_config(K, gate, delta, dtype),
                                    warp_specialized=True)

@@ -9,15 +9,21 @@ Computes the same per-chunk identity as chunk_fwd.py and mirrors the same refere
     O    = scale [exp(gc) ⊙ (Q S) + tril_incl(exp(gc_i - gc_j) ⊙ Q K^T) Vnew]
     S   <- exp(gc_last) S + K^T (exp(gc_last - gc) ⊙ Vnew)
 
-Levels served: linear_attn ("none", plain), simple_gla ("scalar", plain), delta_rule ("none", delta), GDN ("scalar",
-delta); the per-channel gate and K = 256 stay on chunk_fwd.py.
+and, for a per-key-channel gate with the plain update, from the factors gla_factors.py computes in parallel
+beforehand (reference.chunk_math.gated_factors; they take the q, k and A slots):
+
+    O    = scale Qg S + P V,       S <- exp(gc_last) ⊙ S + Kd^T V
+
+Levels served: linear_attn ("none", plain), simple_gla ("scalar", plain), gla ("channel", plain), delta_rule ("none",
+delta), GDN ("scalar", delta); KDA (per-channel gate, delta rule) and K = 256 stay on chunk_fwd.py.
 
 The four warp groups and what each owns (state on chip for the whole sequence, fp32 in the state group's registers):
     state   (threads   0-127)  S; writes its bf16 copy S_s, decays S, adds K^T Vd
     value   (threads 128-255)  K S -> R = beta (V - exp(gc) K S) (in place of the V tile) -> Vnew = A R ->
                                Vd_s = exp(gc_last - gc) Vnew (rows past the sequence end zeroed), then Vnew_s
                                (plain update: Vd_s = exp(gc_last - gc) V only)
-    output  (threads 256-383)  P = Q K^T (before S is ready), Q S, O = ... + P Vnew, stores O
+    output  (threads 256-383)  P = Q K^T (before S is ready; loaded with a per-channel gate), Q S, O = ... + P Vnew,
+                               stores O
     load    (threads 384-511)  one warp issues the TMA loads of q (for the output), k, v, A; one warp loads gc,
                                beta and the exp factors of gc; the other two warps idle
 Every hand-over is a buffer with n slots (chunk c uses slot c % n) and one mbarrier pair per slot: "ready"
@@ -44,7 +50,7 @@ from .. import TILE as CHUNK
 from .. import exp_e, state_pass_contract
 
 GROUP = 128  # threads of a warp group
-GATES = ("none", "scalar")
+GATES = ("none", "scalar", "channel")
 # registers per thread after setmaxnreg, 160 + 152 + 152 + 48 = 512 (65536 over 512 threads, 128 at launch): the
 # state group holds S (K x DV / 128 fp32), the load group's gc/beta warp spills below 48
 STATE_REGS = 160
@@ -76,13 +82,15 @@ def chunk_fwd_ws_kernel(
     C = CHUNK
     NV = V // block_DV
     accum = "float32"
-    scalar = gate == "scalar"
+    scalar, channel = gate == "scalar", gate == "channel"
+    if channel and delta:
+        raise ValueError("gate: the per-channel gate takes the plain update here (KDA runs on chunk_fwd.py)")
     Vn_slots = 2 if block_DV <= 64 else 1
     consumers = 3 if store_output else 2  # warp groups that read the input slots
     S_readers = int(delta) + int(store_output)  # warp groups that read S_s
     Vn_shared = delta and store_output  # Vnew_s only feeds the output
-    stages = input_stages(K, block_DV, delta, store_output)
-    sig = state_pass_contract(K, V, gate, delta, dtype, beta_dtype)
+    stages = input_stages(K, block_DV, delta, store_output, channel)
+    sig = state_pass_contract(K, V, gate, delta, dtype, beta_dtype, scores=channel)
     B, Tn, H, HV, NS1 = sig.B, sig.Tn, sig.H, sig.HV, sig.NS1
 
     @T.prim_func
@@ -98,9 +106,12 @@ def chunk_fwd_ws_kernel(
             g_s = T.alloc_shared([stages, C], accum)  # gc
             eg_s = T.alloc_shared([stages, C], accum)  # exp(gc)
             ed_s = T.alloc_shared([stages, C], accum)  # exp(gc_last - gc), 0 past the sequence end
+            if delta or channel:
+                A_s = T.alloc_shared([stages, C, C], dtype)  # A (delta rule) or P (per-channel gate)
             if delta:
-                A_s = T.alloc_shared([stages, C, C], dtype)
                 beta_s = T.alloc_shared([stages, C], accum)
+            if channel:
+                d_s = T.alloc_shared([stages, K], accum)  # exp(gc_last) per key channel
             if Vn_shared:
                 Vn_s = T.alloc_shared([Vn_slots, C, block_DV], dtype)
             S_s = T.alloc_shared([2, K, block_DV], dtype)
@@ -159,6 +170,9 @@ def chunk_fwd_ws_kernel(
                         decay[0] = eg_s[slot, C - 1]
                         for i, j in T.Parallel(K, block_DV):
                             S_f[i, j] = S_f[i, j] * decay[0]
+                    if channel:
+                        for i, j in T.Parallel(K, block_DV):
+                            S_f[i, j] = S_f[i, j] * d_s[slot, i]
                     T.barrier_wait(Vd_ready, c % 2)
                     T.gemm(k_s[slot, :, :], Vd_s, S_f, transpose_A=True)
                     T.barrier_arrive(Vd_read)
@@ -204,16 +218,17 @@ def chunk_fwd_ws_kernel(
                         s, slot = c % 2, c % stages
                         t0 = t_start + c * C
                         T.barrier_wait(loaded[slot], (c // stages) % 2)
-                        T.gemm(q_s[slot, :, :], k_s[slot, :, :], P_f, transpose_B=True, clear_accum=True)
-                        for i, j in T.Parallel(C, C):
-                            if scalar:
-                                P_f[i, j] = T.if_then_else(
-                                    j <= i, P_f[i, j] * scale * exp_e(g_s[slot, i] - g_s[slot, j]), 0
-                                )
-                            else:
-                                P_f[i, j] = T.if_then_else(j <= i, P_f[i, j] * scale, 0)
-                        T.copy(P_f, P_s)
-                        T.fence_proxy_async()
+                        if not channel:
+                            T.gemm(q_s[slot, :, :], k_s[slot, :, :], P_f, transpose_B=True, clear_accum=True)
+                            for i, j in T.Parallel(C, C):
+                                if scalar:
+                                    P_f[i, j] = T.if_then_else(
+                                        j <= i, P_f[i, j] * scale * exp_e(g_s[slot, i] - g_s[slot, j]), 0
+                                    )
+                                else:
+                                    P_f[i, j] = T.if_then_else(j <= i, P_f[i, j] * scale, 0)
+                            T.copy(P_f, P_s)
+                            T.fence_proxy_async()
                         T.barrier_wait(S_ready[s], (c // 2) % 2)
                         T.gemm(q_s[slot, :, :], S_s[s, :, :], O_f, clear_accum=True)
                         T.barrier_arrive(S_read[s])
@@ -228,7 +243,7 @@ def chunk_fwd_ws_kernel(
                             T.gemm(P_s, Vn_s[n, :, :], O_f)
                             T.barrier_arrive(Vn_read[n])
                         else:
-                            T.gemm(P_s, v_s[slot, :, :], O_f)
+                            T.gemm(A_s[slot, :, :] if channel else P_s, v_s[slot, :, :], O_f)
                         for i, j in T.Parallel(C, block_DV):
                             if t0 + i < t_end:
                                 o[bb, t0 + i, bh, v0 + j] = O_f[i, j]
@@ -247,7 +262,7 @@ def chunk_fwd_ws_kernel(
                             T.tma_copy(q[bb, t0 : t0 + C, hq, :], q_s[slot, :, :], barrier=loaded[slot])
                         T.tma_copy(k[bb, t0 : t0 + C, hq, :], k_s[slot, :, :], barrier=loaded[slot])
                         T.tma_copy(v[bb, t0 : t0 + C, bh, v0 : v0 + block_DV], v_s[slot, :, :], barrier=loaded[slot])
-                        if delta:
+                        if delta or (channel and store_output):
                             T.tma_copy(A[bb, t0 : t0 + C, bh, :], A_s[slot, :, :], barrier=loaded[slot])
                         T.barrier_arrive(loaded[slot])
                 elif tx < 3 * GROUP + 64:
@@ -265,15 +280,20 @@ def chunk_fwd_ws_kernel(
                                 ed_s[slot, i] = T.if_then_else(t0 + i < t_end, 1, 0)
                             if delta:
                                 beta_s[slot, i] = T.if_then_else(t0 + i < t_end, T.cast(beta[bb, t0 + i, bh], accum), 0)
+                        if channel:
+                            for d in T.Parallel(K):
+                                d_s[slot, d] = exp_e(g[bb, T.min(t0 + C - 1, t_end - 1), bh, d])
                         T.barrier_arrive(loaded[slot])
 
     return chunk_fwd_ws
 
 
-def input_stages(K, block_DV, delta, store_output):
-    """Input slots (q, k, v, A, gc, beta per chunk): 3 where shared memory holds them (the loads of chunk c + 2 then
-    overlap chunk c + 1 even when the output group lags a chunk behind), else 2."""
+def input_stages(K, block_DV, delta, store_output, channel=False):
+    """Input slots (q, k, v, A or P, gc, beta, exp(gc_last) per chunk): 3 where shared memory holds them (the loads
+    of chunk c + 2 then overlap chunk c + 1 even when the output group lags a chunk behind), else 2."""
     per_stage = 2 * CHUNK * (K * (1 + int(store_output)) + block_DV) + 4 * 3 * CHUNK
+    if channel:
+        per_stage += 2 * CHUNK * CHUNK * int(store_output) + 4 * K  # P, exp(gc_last)
     fixed = 2 * (2 * K * block_DV + CHUNK * block_DV + CHUNK * CHUNK)  # S_s (two slots), Vd_s, P_s
     if delta:
         per_stage += 2 * CHUNK * CHUNK + 4 * CHUNK  # A, beta
@@ -286,9 +306,10 @@ def dv_blocks(K):
     return tuple(block for block in (K, K // 2, K // 4, K // 8) if block >= 16)
 
 
-def covers(K, V, gate, dtype):
-    """Whether the warp-specialised pass serves these sizes and gate (else chunk_fwd.py does)."""
-    return K == V and K in (64, 128) and gate in GATES and dtype in ("bfloat16", "float16")
+def covers(K, V, gate, delta, dtype):
+    """Whether the warp-specialised pass serves these sizes, gate and update rule (else chunk_fwd.py does)."""
+    return (K == V and K in (64, 128) and gate in GATES and not (gate == "channel" and delta)
+            and dtype in ("bfloat16", "float16"))
 
 
 # Chunk period of one CTA in us (H200, GDN, K = 128; `tilela bench --op state_pass`, 2026-11-30), by (K / DV block,
