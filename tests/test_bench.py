@@ -36,22 +36,27 @@ def test_markdown_ratios_and_floor():
 
 
 def test_report_merges_result_files_later_first(tmp_path):
-    """`tilela bench --report`: a later file's record replaces an earlier one of the same case and impl (a failure
-    too); eager timings drop out; untimed rows first, then the op's grid order."""
+    """`tilela bench --report`: a later file's records of a case replace every earlier record of it (a failure too,
+    and an implementation the later run did not time drops out: each row is one run); eager timings drop out;
+    untimed rows first, then the op's grid order."""
     def rec(case, impl, ms, timing="cuda_graph"):
         return {"op": "gdn", "case": case, "impl": impl, "ms": ms, "timing": timing, "floor_ms": 0.1}
 
-    first = {"op": "gdn", "records": [rec("1x8192_h2-8_mixed", "tilela", 2.0), rec("1x32768_h2-8_mixed", "fla", 1.0),
-                                      rec("1x32768_h2-8_mixed", "tilela", 9.0, "eager")]}
-    second = {"op": "gdn", "records": [rec("1x8192_h2-8_mixed", "tilela", 0.5),
+    first = {"op": "gdn", "records": [rec("1x8192_h2-8_mixed", "tilela", 2.0), rec("1x8192_h2-8_mixed", "fla", 3.0),
+                                      rec("1x8192_h2-8_mixed", "tilela_unsplit", 4.0),
+                                      rec("1x32768_h2-8_mixed", "fla", 1.0),
+                                      rec("1x32768_h2-8_mixed", "tilela", 9.0, "eager"),
+                                      rec("1x2048_h2-8_mixed", "tilela", 0.1)]}
+    second = {"op": "gdn", "records": [rec("1x8192_h2-8_mixed", "tilela", 0.5), rec("1x8192_h2-8_mixed", "fla", 0.6),
                                        dict(rec("1x32768_h2-8_mixed", "tilela", None), error="RuntimeError: x")]}
     paths = [tmp_path / "a.json", tmp_path / "b.json"]
     for path, data in zip(paths, (first, second)):
         path.write_text(json.dumps(data))
     records = bench.merged(paths)
     assert [(r["case"], r["impl"], r["ms"]) for r in records] == [("1x32768_h2-8_mixed", "tilela", None),
-                                                                  ("1x32768_h2-8_mixed", "fla", 1.0),
-                                                                  ("1x8192_h2-8_mixed", "tilela", 0.5)]
+                                                                  ("1x8192_h2-8_mixed", "tilela", 0.5),
+                                                                  ("1x8192_h2-8_mixed", "fla", 0.6),
+                                                                  ("1x2048_h2-8_mixed", "tilela", 0.1)]
     assert bench.main(["--report", *map(str, paths)]) == 0
     with pytest.raises(ValueError, match="expected results of op 'ladder', got 'gdn'"):
         bench.merged(paths, "ladder")

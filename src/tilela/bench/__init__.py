@@ -284,25 +284,29 @@ def markdown(records: list[dict[str, Any]]) -> str:
 
 
 def merged(paths: list[Path], op: str | None = None) -> list[dict[str, Any]]:
-    """The records of several result files of one op, a later file's record of a case and impl (a float64 check, or
-    a timing or its failure) replacing an earlier one; eager timings are left out (they include launch gaps and
-    host copies, so they do not compare with CUDA-graph ones). For a grid measured over several calls or GPUs
+    """The records of several result files of one op: a later file's records of a case (its float64 checks, or its
+    timings and their failures) replace every earlier record of that case and kind, so each row of the table comes
+    from one run (its implementations side by side); eager timings are left out (they include launch gaps and host
+    copies, so they do not compare with CUDA-graph ones). For a grid measured over several calls or GPUs
     (benchmarks/device_pair.sh)."""
-    records: dict[tuple[str, str, str], dict[str, Any]] = {}
+    rows: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
     for path in paths:
         data = json.loads(Path(path).read_text())
         if op is not None and data["op"] != op:
             raise ValueError(f"{path}: expected results of op {op!r}, got {data['op']!r}")
         op = data["op"]
+        fresh: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
         for r in data["records"]:
             if r.get("ms") is not None and r.get("timing", "cuda_graph") != "cuda_graph":
                 continue
             kind = r.get("kind") or ("check" if r.get("rel_err") is not None else "time")  # files before "kind"
-            records[(r["case"], r["impl"], kind)] = dict(r, file=Path(path).name)
+            fresh.setdefault((r["case"], kind), {})[r["impl"]] = dict(r, file=Path(path).name)
+        rows.update(fresh)
+    records = [r for row in rows.values() for r in row.values()]
     bench: Bench = importlib.import_module(OPS[op]).BENCH
     order = {c.name: i for i, c in enumerate(bench.check_cases + bench.cases(False))}
     impls = list(bench.impls)
-    return sorted(records.values(), key=lambda r: (r["ms"] is not None, order.get(r["case"], len(order)),
+    return sorted(records, key=lambda r: (r["ms"] is not None, order.get(r["case"], len(order)),
                                                   impls.index(r["impl"]) if r["impl"] in impls else len(impls)))
 
 
@@ -310,8 +314,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tilela bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--op", choices=sorted(OPS), required=False)
     parser.add_argument("--report", type=Path, nargs="+", default=None, metavar="JSON",
-                        help="print the markdown table of these result files (later ones supersede earlier ones per "
-                             "case and implementation; eager timings left out) instead of running")
+                        help="print the markdown table of these result files (a later file's records of a case replace "
+                             "the earlier ones of it: each row is one run; eager timings left out) instead of running")
     parser.add_argument("--quick", action="store_true", help="a subset of the cases")
     parser.add_argument("--replays", type=int, default=30)
     parser.add_argument("--impls", default=None, help="comma-separated subset of the implementations")
