@@ -178,6 +178,24 @@ def time_eager(fn: Callable[[dict[str, Any]], Any], input_sets: list[dict[str, A
     return statistics.median(times)
 
 
+def kernel_times(fn: Callable[[dict[str, Any]], Any], inputs: dict[str, Any], calls: int = 5) -> dict[str, float]:
+    """Microseconds per call of each GPU kernel fn launches (torch.profiler over `calls` eager calls, after one
+    warm-up call), largest first: where an implementation's time goes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn(inputs)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn(inputs)
+        torch.cuda.synchronize()
+    totals: dict[str, float] = {}
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            totals[event.name] = totals.get(event.name, 0.0) + event.device_time_total / calls
+    return dict(sorted(totals.items(), key=lambda item: -item[1]))
+
+
 def selected(cases: list[Case], only: list[str] | None) -> list[Case]:
     """The cases named in only, in its order (so a device call can put the rows it needs most first), or all."""
     if only is None:
@@ -191,8 +209,9 @@ def selected(cases: list[Case], only: list[str] | None) -> list[Case]:
 
 def run(op: str, quick: bool = False, replays: int = 30, impls: list[str] | None = None,
         save: Callable[[list[dict[str, Any]]], None] | None = None, only: list[str] | None = None,
-        checks: bool = True) -> list[dict[str, Any]]:
-    """Check and time every case; ``save(records)`` runs after each case, so an interrupted run keeps its data."""
+        checks: bool = True, profile: bool = False) -> list[dict[str, Any]]:
+    """Check and time every case; ``save(records)`` runs after each case, so an interrupted run keeps its data.
+    profile: also record each timed implementation's kernels (kernel_times) as the record's "kernels"."""
     bench: Bench = importlib.import_module(OPS[op]).BENCH
     chosen = {name: fn for name, fn in bench.impls.items() if impls is None or name in impls}
     dev, vers = device_info(), versions()
@@ -243,6 +262,10 @@ def run(op: str, quick: bool = False, replays: int = 30, impls: list[str] | None
             record(case, impl, kind="time", ms=ms, rel_err=None, rel_err_vs={base_impl: err}, rotations=rotations,
                    timing=timing)
             print(f"{case.name:40s} {impl:24s} {ms:9.4f} ms  vs {base_impl}: {err:.2e} ({timing})", flush=True)
+            if profile:
+                records[-1]["kernels"] = kernel_times(lambda x, fn=fn: fn(case, x), first)
+                for name, us in records[-1]["kernels"].items():
+                    print(f"{'':40s} {'':24s} {us:9.1f} us  {name[:90]}", flush=True)
         del input_sets, first, baseline
         torch.cuda.empty_cache()
         if save is not None:
@@ -322,6 +345,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cases", default=None, help="comma-separated case names, run in this order")
     parser.add_argument("--no-checks", dest="checks", action="store_false",
                         help="skip the float64 check cases (e.g. when another process of the same run does them)")
+    parser.add_argument("--profile", action="store_true",
+                        help="also record each implementation's kernels and their us per call (torch.profiler)")
     parser.add_argument("--out", type=Path, default=None,
                         help="JSON file (default benchmarks/results/<op>-<time>.json)")
     args = parser.parse_args(argv)
@@ -341,7 +366,8 @@ def main(argv: list[str] | None = None) -> int:
 
     records = run(args.op, quick=args.quick, replays=args.replays,
                   impls=None if args.impls is None else args.impls.split(","), save=save,
-                  only=None if args.cases is None else args.cases.split(","), checks=args.checks)
+                  only=None if args.cases is None else args.cases.split(","), checks=args.checks,
+                  profile=args.profile)
     save(records)
     print(markdown(records))
     print(f"\nwritten {out}")
