@@ -60,7 +60,7 @@ def test_compiles_for_sm90a(compiled, case):
             assert "wgmma" in source  # K K^T on the tensor cores
         assert "__launch_bounds__(128, 4)" in source
     if case[0] == "gla_factors":
-        _, dtype = case[1]
+        _, dtype, _ = case[1]
         if dtype == "float16":  # the sub-chunk score operands in fp32 (tf32 MMAs), as kkt_solve's
             assert "mma_sync<tl::DataType::kTensorFloat32" in source
         else:

@@ -127,20 +127,24 @@ def test_level_matches_reference(errors, job):
     assert err_s < TOL, f"final state rel L2 {err_s:.3e}"
 
 
+@pytest.mark.parametrize("cumsum", [False, True], ids=["gc-in", "raw-gate"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_gla_factors_match_reference(case):
-    """Qg, Kd and P of every chunk (chunks from each sequence start) against the float64 gated factors."""
+def test_gla_factors_match_reference(case, cumsum):
+    """Qg, Kd, P and D of every chunk (chunks from each sequence start) against the float64 gated factors, from gc
+    or from the raw gate (summed in the kernel); make_inputs' gates (down to -5 per token) put tiles on both score
+    paths (one product, and sub-chunks where a channel decays by more than e^-80 over the tile)."""
     c = CASES[case]
     B, T, HV, K, dtype = c["B"], c["T"], c["HV"], c["K"], c["dtype"]
     q, k, _, g, _, _ = make_inputs(B, T, c["H"], HV, K, dtype, "channel", seed=1)
     cu = c.get("cu_seqlens")
     gc = reference.chunk_local_cumsum(g, 64, cu_seqlens=None if cu is None else torch.tensor(cu))
     scale = K**-0.5
-    Qg, Kd, P = hopper.gla_factors(q.cuda(), k.cuda(), gc.float().cuda(), scale,
-                                   None if cu is None else torch.tensor(cu, dtype=torch.int32).cuda())
+    Qg, Kd, P, D = hopper.gla_factors(q.cuda(), k.cuda(), (g if cumsum else gc).float().cuda(), scale,
+                                      None if cu is None else torch.tensor(cu, dtype=torch.int32).cuda(), cumsum)
     G = HV // c["H"]
     qv, kv = (x.double().repeat_interleave(G, dim=2) for x in (q, k))  # value head h reads q/k head h // G
     ref = [torch.zeros(B, T, HV, n, dtype=torch.float64) for n in (K, K, 64)]
+    ref_D = torch.zeros_like(D, dtype=torch.float64, device="cpu")
     bounds = [(b, s, e) for b in range(B) for s, e in ([(0, T)] if cu is None else zip(cu[:-1], cu[1:]))]
     for b, s, e in bounds:
         for t0 in range(s, e, 64):
@@ -148,6 +152,8 @@ def test_gla_factors_match_reference(case):
             chunk = [x[b, rows].transpose(0, 1) for x in (qv, kv, gc.double())]  # [HV, L, K]
             for out, f in zip(ref, reference.chunk_math.gated_factors(*chunk, scale)):
                 out[b, rows, :, :f.shape[-1]] = f.transpose(0, 1)
-    for name, x, r in zip(("Qg", "Kd", "P"), (Qg, Kd, P), ref):
+            slot = b * -(-T // 64) + (t0 - s) // 64 if cu is None else s // 64 + cu.index(s) + (t0 - s) // 64
+            ref_D[slot] = chunk[2][:, -1, :].exp()
+    for name, x, r in zip(("Qg", "Kd", "P", "D"), (Qg, Kd, P, D), (*ref, ref_D)):
         err = rel_l2(x.cpu(), r)
         assert err < TOL, f"{name} rel L2 {err:.3e}"

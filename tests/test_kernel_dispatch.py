@@ -65,6 +65,14 @@ def test_sequence_split_takes_no_per_channel_gate():
         chunk_forward(q, k, v, torch.zeros(1, 64, 1, 128), None, None, 1.0, segments=SegmentPlan.of([64], 1))
 
 
+def test_raw_gate_is_for_the_per_channel_ws_pass():
+    with pytest.raises(ValueError, match="g_is_cumsum=False: only the warp-specialised pass under a per-channel gate"):
+        chunk_forward(*_inputs(128), 1.0, g_is_cumsum=False)
+    q, k, v = _inputs(128)[:3]
+    with pytest.raises(ValueError, match=r"g_is_cumsum=False.*kernel='loop'"):
+        chunk_forward(q, k, v, torch.zeros(1, 64, 1, 128), None, None, 1.0, kernel="loop", g_is_cumsum=False)
+
+
 @pytest.mark.parametrize("kwargs", [dict(block_DV=8), dict(block_DV=64, kernel="loop"),
                                     dict(block_DV=128, segments="plan")])
 def test_block_DV_is_for_the_unsplit_ws_pass(kwargs):

@@ -93,9 +93,10 @@ def _hopper_attention(hopper, q, k, v, g, beta, scale, initial_state, output_fin
     if cu_seqlens is not None:
         cu_seqlens = cu_seqlens.to(torch.int32).contiguous()
     g_cumsum = None
+    summed_in_pass = g is not None and g.dim() == 4 and beta is None  # gla: gla_factors sums the gate in its tile
     if g is not None:
         g = g if g.dtype in hopper.DTYPES else g.float()
-        g_cumsum = hopper.chunk_local_cumsum(g.contiguous(), 64, cu_seqlens)
+        g_cumsum = g.contiguous() if summed_in_pass else hopper.chunk_local_cumsum(g.contiguous(), 64, cu_seqlens)
     A = None
     if beta is not None:
         beta = beta.contiguous() if beta.dtype in (torch.float32, q.dtype) else beta.float().contiguous()
@@ -103,7 +104,7 @@ def _hopper_attention(hopper, q, k, v, g, beta, scale, initial_state, output_fin
     if initial_state is not None:
         initial_state = initial_state.float().contiguous()
     return chunk_forward(q, k, v, g_cumsum, beta, A, scale, initial_state, output_final_state, cu_seqlens,
-                         segments=segments)
+                         segments=segments, g_is_cumsum=not summed_in_pass)
 
 
 def chunk_gated_delta_rule(

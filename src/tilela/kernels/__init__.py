@@ -38,11 +38,13 @@ def state_pass_contract(K, V, gate, delta, dtype, beta_dtype, scores=False):
     as a namespace: the dynamic sizes B, Tn, H, HV, NS1 (batch, tokens, q/k heads, value heads, len(cu_seqlens))
     and the tensor types of the ten arguments, in order q, k, v, g, beta, A, h0, cu_seqlens, o, ht.  Arguments a
     configuration does not read (g without a gate; beta and A for the plain update) are one-element placeholders.
-    scores: the A slot carries the chunks' intra-chunk scores P ([B, Tn, HV, 64], the per-channel gate's factors,
-    hopper/gla_factors.py) and q, k the factors Qg, Kd (then H = HV)."""
-    B, Tn, H, HV, N0, N1, NS1 = T.dynamic("B, Tn, H, HV, N0, N1, NS1")
+    scores: the per-channel gate's factors (hopper/gla_factors.py) in place of the inputs: q, k carry Qg, Kd (then
+    H = HV), the A slot the intra-chunk scores P [B, Tn, HV, 64] and g the decays D = exp(gc_last) [tile slots, HV,
+    K] (tile slot of chunk c of sequence n: kernels.locate_tile's, floor(cu[n] / 64) + n + c, dense n ceil(Tn / 64)
+    + c)."""
+    B, Tn, H, HV, N0, N1, NS1, NSL = T.dynamic("B, Tn, H, HV, N0, N1, NS1, NSL")
     accum = "float32"
-    g_shape = {"none": [1], "scalar": [B, Tn, HV], "channel": [B, Tn, HV, K]}[gate]
+    g_shape = [NSL, HV, K] if scores else {"none": [1], "scalar": [B, Tn, HV], "channel": [B, Tn, HV, K]}[gate]
     return SimpleNamespace(
         B=B, Tn=Tn, H=H, HV=HV, NS1=NS1,
         q=T.Tensor([B, Tn, H, K], dtype),

@@ -3,7 +3,7 @@
 Inputs are validated once by tilela.ops; nothing is re-checked here. Nothing synchronises with the host: the
 varlen tile schedule is found on the device (kernels.locate_tile) from sizes known on the host (T, N). Compiled
 kernels are cached per static configuration only: kkt_solve and cumsum by (chunk, method, dtypes, gate, value
-heads per pass), with token counts, head counts, K and varlen layouts symbolic; gla_factors by (K, dtype);
+heads per pass), with token counts, head counts, K and varlen layouts symbolic; gla_factors by (K, dtype, cumsum);
 chunk_fwd and chunk_fwd_ws by (K, V, scale, gate, update rule, dtypes, varlen / initial-state / final-state
 switches, tiles), with token counts, head counts and varlen layouts symbolic. A new length, head count or varlen layout never recompiles.
 """
@@ -26,10 +26,10 @@ DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "
 #   chunk_local_cumsum_kernel(chunk, g dtype)
 #   kkt_solve_kernel(chunk, method, k dtype, gate kind, value heads per pass); "blocked" at chunk 16 is the plain
 #   in-place forward substitution of the 16x16 block (no coupling level)
-#   gla_factors_kernel(K, q/k dtype)
+#   gla_factors_kernel(K, q/k dtype, whether it sums the raw gate itself)
 CUMSUM_CONFIGS = [(C, d) for C in (16, 32, 64) for d in ("float32", "bfloat16", "float16")]
 KKT_METHODS = [(16, "blocked"), (32, "blocked"), (64, "blocked"), (16, "neumann"), (32, "neumann"), (64, "neumann")]
-GLA_FACTORS_CONFIGS = [(K, d) for K in (64, 128) for d in ("bfloat16", "float16")]
+GLA_FACTORS_CONFIGS = [(K, d, cumsum) for K in (64, 128) for d in ("bfloat16", "float16") for cumsum in (False, True)]
 KKT_CONFIGS = [
     (C, m, d, gate, pair)
     for C, m in KKT_METHODS
@@ -121,21 +121,23 @@ def kkt_solve(
     return A
 
 
-def gla_factors(q: torch.Tensor, k: torch.Tensor, g_cumsum: torch.Tensor, scale: float,
-                cu_seqlens: torch.Tensor | None = None):
-    """(Qg, Kd, P) of a per-key-channel gate (gla_factors.py): Q ⊙ exp(gc) and K ⊙ exp(gc_last - gc) as
-    [B, T, HV, K], the scaled intra-chunk scores as [B, T, HV, 64], all in q's dtype. q, k [B, T, H, K] (K 64 or
-    128), g_cumsum the fp32 chunk-local cumsum [B, T, HV, K] (chunks of 64)."""
+def gla_factors(q: torch.Tensor, k: torch.Tensor, g: torch.Tensor, scale: float,
+                cu_seqlens: torch.Tensor | None = None, cumsum: bool = False):
+    """(Qg, Kd, P, D) of a per-key-channel gate (gla_factors.py): Q ⊙ exp(gc) and K ⊙ exp(gc_last - gc) as
+    [B, T, HV, K] and the scaled intra-chunk scores as [B, T, HV, 64], in q's dtype; D = exp(gc_last) per tile slot
+    [slots, HV, K] fp32. q, k [B, T, H, K] (K 64 or 128); g [B, T, HV, K]: the chunk-local cumsum gc (chunks of
+    64), or with cumsum=True the raw log gate, summed in the kernel."""
     B, Tn, H, K = q.shape
-    HV = g_cumsum.shape[2]
+    HV = g.shape[2]
     Qg = torch.empty(B, Tn, HV, K, device=q.device, dtype=q.dtype)
     Kd = torch.empty_like(Qg)
     P = torch.empty(B, Tn, HV, TILE, device=q.device, dtype=q.dtype)
     cu, num_slots, dense_len, steps = _schedule(q, cu_seqlens)
+    D = torch.empty(max(num_slots, 1), HV, K, device=q.device, dtype=torch.float32)
     if num_slots == 0:
-        return Qg, Kd, P
-    kernel = compiled(gla_factors_kernel, K, DTYPES[q.dtype])
-    kernel(q.reshape(1, B * Tn, H, K), k.reshape(1, B * Tn, H, K), g_cumsum.reshape(1, B * Tn, HV, K), cu,
-           Qg.view(1, B * Tn, HV, K), Kd.view(1, B * Tn, HV, K), P.view(1, B * Tn, HV, TILE), float(scale),
+        return Qg, Kd, P, D
+    kernel = compiled(gla_factors_kernel, K, DTYPES[q.dtype], cumsum)
+    kernel(q.reshape(1, B * Tn, H, K), k.reshape(1, B * Tn, H, K), g.float().reshape(1, B * Tn, HV, K), cu,
+           Qg.view(1, B * Tn, HV, K), Kd.view(1, B * Tn, HV, K), P.view(1, B * Tn, HV, TILE), D, float(scale),
            num_slots, dense_len, steps)
-    return Qg, Kd, P
+    return Qg, Kd, P, D

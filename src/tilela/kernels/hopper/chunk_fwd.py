@@ -304,7 +304,7 @@ def _ws_state_pass(q, k, v, g_cumsum, beta, A, scale, h0, cu_seqlens, store_outp
 
 def chunk_forward(
     q, k, v, g_cumsum, beta, A, scale, initial_state=None, output_final_state=False, cu_seqlens=None, *,
-    kernel="auto", segments=None, block_DV=None,
+    kernel="auto", segments=None, block_DV=None, g_is_cumsum=True,
 ):
     """State/output pass of every ladder level.  Returns (o [B,T,HV,V] in q's dtype, final state [N,HV,K,V] fp32
     or None).
@@ -319,6 +319,8 @@ def chunk_forward(
     parallel (the warp-specialised pass only; seq_split.py), or None.
     block_DV: the warp-specialised pass's DV block, one of chunk_fwd_ws.dv_blocks(K) (None:
     chunk_fwd_ws.default_block_DV).
+    g_is_cumsum=False: g_cumsum is the raw per-channel log gate, summed inside gla_factors (so gc never goes through
+    global memory); only the warp-specialised pass under a per-channel gate takes it.
     """
     static = _static(q, v, g_cumsum, beta, A, scale, initial_state, output_final_state, cu_seqlens)
     K, V, _, gate, delta, dtype = static[:6]
@@ -328,6 +330,9 @@ def chunk_forward(
     if (kernel == "ws" or segments is not None) and not ws:
         raise ValueError(f"kernel='ws' covers K = V in (64, 128) with a scalar gate or none, or a per-channel gate "
                          f"with the plain update, got K={K}, V={V}, gate {gate!r}, delta rule {delta}, {dtype}")
+    if not g_is_cumsum and (gate != "channel" or not ws or kernel == "loop"):
+        raise ValueError(f"g_is_cumsum=False: only the warp-specialised pass under a per-channel gate sums the raw "
+                         f"gate itself, got gate {gate!r} (covered: {ws}, kernel={kernel!r})")
     if segments is not None and gate == "channel":
         raise ValueError("segments: the sequence split takes no per-channel gate (its transitions would be "
                          "diagonal per key channel, not scalar), got a [B, T, HV, K] gate")
@@ -344,8 +349,8 @@ def chunk_forward(
         N = v.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
         block_DV = block_DV or chunk_fwd_ws.default_block_DV(K, V, N * v.shape[2], multiprocessors(v.device))
         compiled_kernel = compiled(chunk_fwd_ws.chunk_fwd_ws_kernel, *static, block_DV, True, warp_specialized=True)
-        if gate == "channel":  # the state-independent factors first, in the q, k and A slots (chunk_fwd_ws.py)
-            q, k, A = gla_factors(q, k, g_cumsum, scale, cu_seqlens)
+        if gate == "channel":  # the state-independent factors first, in the q, k, A and g slots (chunk_fwd_ws.py)
+            q, k, A, g_cumsum = gla_factors(q, k, g_cumsum, scale, cu_seqlens, cumsum=not g_is_cumsum)
     else:
         compiled_kernel = compiled(chunk_fwd_kernel, *static, *default_config(K, gate, delta, dtype),
                                    warp_specialized=True)

@@ -10,9 +10,9 @@ Computes the same per-chunk identity as chunk_fwd.py and mirrors the same refere
     S   <- exp(gc_last) S + K^T (exp(gc_last - gc) ⊙ Vnew)
 
 and, for a per-key-channel gate with the plain update, from the factors gla_factors.py computes in parallel
-beforehand (reference.chunk_math.gated_factors; they take the q, k and A slots):
+beforehand (reference.chunk_math.gated_factors; they take the q, k, A and g slots):
 
-    O    = scale Qg S + P V,       S <- exp(gc_last) ⊙ S + Kd^T V
+    O    = scale Qg S + P V,       S <- D ⊙ S + Kd^T V,       D = exp(gc_last) per key channel
 
 Levels served: linear_attn ("none", plain), simple_gla ("scalar", plain), gla ("channel", plain), delta_rule ("none",
 delta), GDN ("scalar", delta); KDA (per-channel gate, delta rule) and K = 256 stay on chunk_fwd.py.
@@ -111,7 +111,7 @@ def chunk_fwd_ws_kernel(
             if delta:
                 beta_s = T.alloc_shared([stages, C], accum)
             if channel:
-                d_s = T.alloc_shared([stages, K], accum)  # exp(gc_last) per key channel
+                d_s = T.alloc_shared([stages, K], accum)  # D = exp(gc_last) per key channel
             if Vn_shared:
                 Vn_s = T.alloc_shared([Vn_slots, C, block_DV], dtype)
             S_s = T.alloc_shared([2, K, block_DV], dtype)
@@ -140,14 +140,20 @@ def chunk_fwd_ws_kernel(
             bb = T.alloc_var("int32")
             t_start = T.alloc_var("int32")
             t_end = T.alloc_var("int32")
+            if channel:
+                tile0 = T.alloc_var("int32")  # tile slot of the sequence's first chunk (D's row)
             if is_varlen:
                 bb = 0
                 t_start = cu_seqlens[bn]
                 t_end = cu_seqlens[bn + 1]
+                if channel:
+                    tile0 = t_start // C + bn
             else:
                 bb = bn
                 t_start = 0
                 t_end = Tn
+                if channel:
+                    tile0 = bn * T.ceildiv(Tn, C)
             n_chunks = T.ceildiv(t_end - t_start, C)
 
             tx = T.get_thread_binding()
@@ -282,7 +288,7 @@ def chunk_fwd_ws_kernel(
                                 beta_s[slot, i] = T.if_then_else(t0 + i < t_end, T.cast(beta[bb, t0 + i, bh], accum), 0)
                         if channel:
                             for d in T.Parallel(K):
-                                d_s[slot, d] = exp_e(g[bb, T.min(t0 + C - 1, t_end - 1), bh, d])
+                                d_s[slot, d] = g[tile0 + c, bh, d]
                         T.barrier_arrive(loaded[slot])
 
     return chunk_fwd_ws
