@@ -28,6 +28,33 @@ def exp_e(x):
     return T.exp2(x * LOG2E)
 
 
+SUB = 16  # rows of a sub-chunk of the per-channel scores
+SUBCHUNKS = tuple(range(TILE // SUB))  # a Python tuple: the loop over it unrolls when the kernel is parsed
+
+
+@T.macro
+def subchunk_scores(q_s, k_s, g_s, Qr_s, Kr_s, P_f, Pa_f, K, exp):
+    """P_f[i, j] <- sum_d q_id k_jd exp(g_id - g_jd) for j <= i of a 64-row tile under a per-key-channel gate
+    (g the chunk-local cumsum, its rows past a sequence end clamped to the last; entries j > i are stale: callers
+    select them away). exp(g_i - g_j) cannot be split as exp(g_i) exp(-g_j) over the tile (exp(-g_j) overflows
+    once a channel has decayed by e^-88), so query rows of 16-row sub-chunk a use the reference R_a = g of the row
+    before it (R_0 = 0): one 64x64 product of q_i exp(g_i - R_a) (Qr_s) and k_j exp(R_a - g_j) (Kr_s, key rows
+    j < 16 (a + 1)) per sub-chunk, keeping a's rows. Only the diagonal 16x16 block has a positive exponent,
+    R_a - g_j, over at most 16 tokens: exact while no channel decays by more than e^-80 within 16 tokens.
+    exp: exp_e for g in natural-log units, T.exp2 for log2 units."""
+    for i, d in T.Parallel(TILE, K):
+        Qr_s[i, d] = q_s[i, d] * exp(g_s[i, d] - T.if_then_else(i >= SUB, g_s[T.max(i // SUB * SUB - 1, 0), d], 0))
+    for a in SUBCHUNKS:
+        for j, d in T.Parallel((a + 1) * SUB, K):
+            Kr_s[j, d] = k_s[j, d] * exp((g_s[a * SUB - 1, d] if a > 0 else 0) - g_s[j, d])
+        if a == 0:
+            T.gemm(Qr_s, Kr_s, P_f, transpose_B=True, clear_accum=True)
+        else:
+            T.gemm(Qr_s, Kr_s, Pa_f, transpose_B=True, clear_accum=True)
+            for i, j in T.Parallel(TILE, TILE):
+                P_f[i, j] = T.if_then_else(i >= a * SUB, Pa_f[i, j], P_f[i, j])
+
+
 def channel_score_dtype(dtype: str) -> str:
     """Operand dtype of per-channel gated scores k_j exp(R - g_j): the input dtype, except fp32 (tf32 MMAs) for
     fp16 inputs, whose 65504 the factor exp(R - g_j) >= 1 may pass (bf16 has fp32's exponent range)."""

@@ -43,10 +43,9 @@ import tilelang.language as T
 import torch
 
 from .. import TILE as CHUNK
-from .. import channel_score_dtype, exp_e, state_pass_contract
+from .. import channel_score_dtype, exp_e, state_pass_contract, subchunk_scores
 from . import DTYPES, _placeholder, chunk_fwd_ws, compiled, gla_factors, multiprocessors, seq_split
 
-SUB = 16  # rows of a sub-chunk of the per-channel scores
 GATES = ("none", "scalar", "channel")
 
 
@@ -75,7 +74,6 @@ def chunk_fwd_kernel(
     C = CHUNK
     NV = V // block_DV
     accum = "float32"
-    subchunks = tuple(range(C // SUB))
     score_dtype = channel_score_dtype(dtype)
     sig = state_pass_contract(K, V, gate, delta, dtype, beta_dtype)
     B, Tn, H, HV, NS1 = sig.B, sig.Tn, sig.H, sig.HV, sig.NS1
@@ -174,19 +172,7 @@ def chunk_fwd_kernel(
                         X_s[i, d] = q_s[i, d] * exp_e(g_s[i, d])
                     T.gemm(X_s, S_s, O_f, clear_accum=True)
                     # per-channel scores, sub-chunk a against the reference R_a (module docstring)
-                    for i, d in T.Parallel(C, K):
-                        Qr_s[i, d] = q_s[i, d] * exp_e(
-                            g_s[i, d] - T.if_then_else(i >= SUB, g_s[T.max(i // SUB * SUB - 1, 0), d], 0)
-                        )
-                    for a in subchunks:
-                        for j, d in T.Parallel((a + 1) * SUB, K):
-                            Kr_s[j, d] = k_s[j, d] * exp_e((g_s[a * SUB - 1, d] if a > 0 else 0) - g_s[j, d])
-                        if a == 0:
-                            T.gemm(Qr_s, Kr_s, P_f, transpose_B=True, clear_accum=True)
-                        else:
-                            T.gemm(Qr_s, Kr_s, Pa_f, transpose_B=True, clear_accum=True)
-                            for i, j in T.Parallel(C, C):
-                                P_f[i, j] = T.if_then_else(i >= a * SUB, Pa_f[i, j], P_f[i, j])
+                    subchunk_scores(q_s, k_s, g_s, Qr_s, Kr_s, P_f, Pa_f, K, exp_e)
                 else:
                     T.gemm(q_s, S_s, O_f, clear_accum=True)
                     T.gemm(q_s, k_s, P_f, transpose_B=True, clear_accum=True)

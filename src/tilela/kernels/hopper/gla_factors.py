@@ -30,9 +30,8 @@ leave in the input dtype, as does P. Rows past the sequence end are not stored: 
 
 import tilelang.language as T
 
-from .. import LOG2E, TILE, channel_score_dtype, locate_tile
+from .. import LOG2E, TILE, channel_score_dtype, locate_tile, subchunk_scores
 
-SUB = 16  # rows of a sub-chunk of the scores
 THREADS = 128
 DECAY_LIMIT = 80.0  # the one-product scores while no channel decays by more than e^-80 over the tile
 
@@ -41,7 +40,6 @@ def gla_factors_kernel(K: int, dtype: str, cumsum: bool) -> T.PrimFunc:
     """Build the prim_func for static (K, input dtype, whether g is the raw gate to sum here or gc already); tokens,
     heads (GVA ratio G = HV / H) and the varlen layout are symbolic, scale a run-time argument."""
     C = TILE
-    subchunks = tuple(range(C // SUB))
     score_dtype = channel_score_dtype(dtype)
     num_tokens, H, HV, num_bounds, NSL = T.dynamic("num_tokens, H, HV, num_bounds, NSL")
     accum = "float32"
@@ -108,18 +106,7 @@ def gla_factors_kernel(K: int, dtype: str, cumsum: bool) -> T.PrimFunc:
                         Kr_s[i, d] = k_s[i, d] * T.exp2(-g_s[i, d])
                     T.gemm(Qr_s, Kr_s, P_f, transpose_B=True, clear_accum=True)
                 else:  # sub-chunk a's rows against its reference R_a
-                    for i, d in T.Parallel(C, K):
-                        Qr_s[i, d] = q_s[i, d] * T.exp2(
-                            g_s[i, d] - T.if_then_else(i >= SUB, g_s[T.max(i // SUB * SUB - 1, 0), d], 0))
-                    for a in subchunks:
-                        for j, d in T.Parallel((a + 1) * SUB, K):
-                            Kr_s[j, d] = k_s[j, d] * T.exp2((g_s[a * SUB - 1, d] if a > 0 else 0) - g_s[j, d])
-                        if a == 0:
-                            T.gemm(Qr_s, Kr_s, P_f, transpose_B=True, clear_accum=True)
-                        else:
-                            T.gemm(Qr_s, Kr_s, Pa_f, transpose_B=True, clear_accum=True)
-                            for i, j in T.Parallel(C, C):
-                                P_f[i, j] = T.if_then_else(i >= a * SUB, Pa_f[i, j], P_f[i, j])
+                    subchunk_scores(q_s, k_s, g_s, Qr_s, Kr_s, P_f, Pa_f, K, T.exp2)
                 for i, j in T.Parallel(C, C):
                     if start + i < end:
                         P[0, start + i, hv, j] = T.if_then_else(j <= i, P_f[i, j] * scale, 0)
