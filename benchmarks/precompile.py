@@ -4,9 +4,9 @@
         python benchmarks/precompile.py [processes] [kinds, e.g. kkt,cumsum (default: all)]
     mkdir -p .devrun && tar cJf .devrun/tlcache.tar.xz -C .tl-cache .
 
-Compiles every kkt_solve / chunk_local_cumsum / gla_factors configuration we ship and the state/output configurations the GPU
-tests and benchmarks reach (jobs()). benchmarks/device_run.sh unpacks the tarball on the device and runs this
-script there first, 16 processes at once, for whatever the tarball misses.
+Compiles every kkt_solve / chunk_local_cumsum / gla_factors configuration we ship and the state/output
+configurations the GPU tests and benchmarks reach (jobs()). benchmarks/device_run.sh unpacks the tarball on the
+device and runs this script there first, 16 processes at once, for whatever the tarball misses.
 """
 
 import itertools
@@ -62,8 +62,8 @@ def jobs():
             if covers(K, K, gate, delta, dtype):
                 out += [("ws", (K, K, gate, delta, dtype, beta_dtype, flags, block_DV, True))
                         for block_DV in dv_blocks(K)]
-                if flags == (True, True, True) and gate != "channel":  # the state pass alone: the sequence split's transitions (value
-                    # [V | 0] with the delta rule, V without) and the state_pass benchmark's state_only row
+                if flags == (True, True, True) and gate != "channel":  # the state pass alone: the sequence split's
+                    # transitions (value [V | 0] with the delta rule, V without), the state_pass bench's state_only
                     out += [("ws", (K, V, gate, delta, dtype, beta_dtype, flags, block_DV, False))
                             for V in ((K, 2 * K) if delta else (K,)) for block_DV in (K // 2, K)]
     return out

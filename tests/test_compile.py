@@ -1,7 +1,8 @@
-"""Every shipped chunk_local_cumsum / kkt_solve / gla_factors configuration lowers and nvcc-compiles for sm_90a (no GPU needed).
+"""Every shipped chunk_local_cumsum / kkt_solve / gla_factors configuration lowers and nvcc-compiles for sm_90a (no
+GPU needed).
 
-Sizes (tokens, heads, K, sequences) are symbolic in both kernels, so the static configurations listed in
-tilela.kernels.hopper are the whole set: K = 64, 128, 256 and every head count share one compiled kernel.
+Sizes (tokens, heads, sequences; K too in cumsum and kkt_solve) are symbolic, so the static configurations listed in
+tilela.kernels.hopper are the whole set: every head count (and K = 64, 128, 256) shares one compiled kernel.
 The configurations are compiled once, in parallel over the machine's cores, and each test checks its own.
 """
 

@@ -1,5 +1,6 @@
 """Every ladder level's state/output kernel (chunk_fwd: gate x update rule, GDN included), the warp-specialised
-pass (chunk_fwd_ws: no gate or a scalar one, DV blocks K / 2 and K, K / 4 and K / 8 for a few, and the state-only
+pass (chunk_fwd_ws: no gate, a scalar one, or gla's per-channel factors; DV blocks K / 2 and K, K / 4 and K / 8
+for a few, and the state-only
 transition pass of the sequence split) and the level-1 sequence-in-grid kernel lower and nvcc-compile for sm_90a (no
 GPU needed), with the tile configuration the launchers use, in bf16 and fp16, K = V in {64, 128} (GDN also 256).
 The varlen / initial-state / final-state switches rotate over the cases.  Configurations are compiled once, in

@@ -144,16 +144,17 @@ def test_gla_factors_match_reference(case, cumsum):
     G = HV // c["H"]
     qv, kv = (x.double().repeat_interleave(G, dim=2) for x in (q, k))  # value head h reads q/k head h // G
     ref = [torch.zeros(B, T, HV, n, dtype=torch.float64) for n in (K, K, 64)]
-    ref_D = torch.zeros_like(D, dtype=torch.float64, device="cpu")
-    bounds = [(b, s, e) for b in range(B) for s, e in ([(0, T)] if cu is None else zip(cu[:-1], cu[1:]))]
-    for b, s, e in bounds:
+    slots, ref_D = [], []  # the tile slots chunks occupy (kernels.locate_tile; the others are never written)
+    bounds = [(b, b * -(-T // 64), 0, T) for b in range(B)] if cu is None else \
+        [(0, s // 64 + n, s, e) for n, (s, e) in enumerate(zip(cu[:-1], cu[1:]))]
+    for b, slot0, s, e in bounds:
         for t0 in range(s, e, 64):
             rows = slice(t0, min(t0 + 64, e))
             chunk = [x[b, rows].transpose(0, 1) for x in (qv, kv, gc.double())]  # [HV, L, K]
             for out, f in zip(ref, reference.chunk_math.gated_factors(*chunk, scale)):
                 out[b, rows, :, :f.shape[-1]] = f.transpose(0, 1)
-            slot = b * -(-T // 64) + (t0 - s) // 64 if cu is None else s // 64 + cu.index(s) + (t0 - s) // 64
-            ref_D[slot] = chunk[2][:, -1, :].exp()
-    for name, x, r in zip(("Qg", "Kd", "P", "D"), (Qg, Kd, P, D), (*ref, ref_D)):
+            slots.append(slot0 + (t0 - s) // 64)
+            ref_D.append(chunk[2][:, -1, :].exp())
+    for name, x, r in zip(("Qg", "Kd", "P", "D"), (Qg, Kd, P, D[slots]), (*ref, torch.stack(ref_D))):
         err = rel_l2(x.cpu(), r)
         assert err < TOL, f"{name} rel L2 {err:.3e}"

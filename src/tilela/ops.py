@@ -82,18 +82,21 @@ def _split_plan(hopper, v, g_kind, delta, dims):
 
 def _hopper_attention(hopper, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
                       segments=None):
-    """The TileLang pipeline: gate cumsum, kkt_solve (delta rule), then the fused state/output pass
-    with the sequence loop inside the block (kernels.hopper.chunk_fwd: the warp-specialised chunk_fwd_ws for
-    K <= 128 with a scalar gate or none, or a per-channel gate with the plain update after gla_factors; the
-    single-warp-group pass for the rest). segments: a
-    kernels.hopper.seq_split.SegmentPlan to run the segments of long sequences in parallel CTAs, or None."""
+    """The TileLang pipeline: gate cumsum (chunk_gla: inside gla_factors), kkt_solve (delta rule), then the fused
+    state/output pass with the sequence loop inside the block (kernels.hopper.chunk_fwd: the warp-specialised
+    chunk_fwd_ws for K <= 128 with a scalar gate or none, or a per-channel gate with the plain update after
+    gla_factors; the single-warp-group pass for the rest). segments: a kernels.hopper.seq_split.SegmentPlan to run
+    the segments of long sequences in parallel CTAs, or None."""
+    from .kernels.hopper import chunk_fwd_ws
     from .kernels.hopper.chunk_fwd import chunk_forward
 
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     if cu_seqlens is not None:
         cu_seqlens = cu_seqlens.to(torch.int32).contiguous()
     g_cumsum = None
-    summed_in_pass = g is not None and g.dim() == 4 and beta is None  # gla: gla_factors sums the gate in its tile
+    K, V = q.shape[3], v.shape[3]
+    summed_in_pass = (g is not None and g.dim() == 4  # gla: gla_factors sums the gate in its tile
+                      and chunk_fwd_ws.covers(K, V, "channel", beta is not None, hopper.DTYPES[q.dtype]))
     if g is not None:
         g = g if g.dtype in hopper.DTYPES else g.float()
         g_cumsum = g.contiguous() if summed_in_pass else hopper.chunk_local_cumsum(g.contiguous(), 64, cu_seqlens)
@@ -212,10 +215,11 @@ def chunk_gla(
     cu_seqlens: torch.Tensor | None = None,
     cu_seqlens_cpu: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Gated linear attention (ladder level 3): g [B, T, HV, K] per-token, per-key-channel log gate.
+    """Gated linear attention (ladder level 3): g [B, T, HV, K] per-token, per-key-channel log gate, <= 0 (a decay).
 
-    On Hopper the intra-chunk scores use 16-token sub-chunks: exact while no key channel decays by more
-    than e^-80 within 16 tokens (mean log gate >= -5 per token)."""
+    On Hopper a 64-token chunk's intra-chunk scores come from one product while no key channel decays by more than
+    e^-80 over it, else from 16-token sub-chunks: exact while no key channel decays by more than e^-80 within 16
+    tokens (mean log gate >= -5 per token). A bf16/fp16 gate is converted to fp32 first (one pass over it)."""
     return _attention(q, k, v, g, "channel", None, False, scale, initial_state, output_final_state, cu_seqlens,
                       cu_seqlens_cpu)
 

@@ -263,8 +263,9 @@ def run(op: str, quick: bool = False, replays: int = 30, impls: list[str] | None
                    timing=timing)
             print(f"{case.name:40s} {impl:24s} {ms:9.4f} ms  vs {base_impl}: {err:.2e} ({timing})", flush=True)
             if profile:
-                records[-1]["kernels"] = kernel_times(lambda x, fn=fn: fn(case, x), first)
-                for name, us in records[-1]["kernels"].items():
+                kernels, error = _attempt(kernel_times, lambda x, fn=fn: fn(case, x), first)
+                records[-1].update(kernels=kernels, kernels_error=error)
+                for name, us in (kernels or {}).items():
                     print(f"{'':40s} {'':24s} {us:9.1f} us  {name[:90]}", flush=True)
         del input_sets, first, baseline
         torch.cuda.empty_cache()

@@ -66,7 +66,7 @@ def _ours(case, x):
 
 
 def _ours_unsplit(case, x):
-    if case.params["level"] == 3:  # per-channel gate: no warp-specialised pass, so never split
+    if case.params["level"] == 3:  # per-channel gate: the sequence split does not take it, so never split
         return None
     return ours_unsplit(x, [case.params["T"]], case.params["K"])
 

@@ -5,7 +5,8 @@ varlen tile schedule is found on the device (kernels.locate_tile) from sizes kno
 kernels are cached per static configuration only: kkt_solve and cumsum by (chunk, method, dtypes, gate, value
 heads per pass), with token counts, head counts, K and varlen layouts symbolic; gla_factors by (K, dtype, cumsum);
 chunk_fwd and chunk_fwd_ws by (K, V, scale, gate, update rule, dtypes, varlen / initial-state / final-state
-switches, tiles), with token counts, head counts and varlen layouts symbolic. A new length, head count or varlen layout never recompiles.
+switches, tiles), with token counts, head counts and varlen layouts symbolic. A new length, head count or varlen
+layout never recompiles.
 """
 
 import functools

@@ -24,12 +24,12 @@ The four warp groups and what each owns (state on chip for the whole sequence, f
                                (plain update: Vd_s = exp(gc_last - gc) V only)
     output  (threads 256-383)  P = Q K^T (before S is ready; loaded with a per-channel gate), Q S, O = ... + P Vnew,
                                stores O
-    load    (threads 384-511)  one warp issues the TMA loads of q (for the output), k, v, A; one warp loads gc,
-                               beta and the exp factors of gc; the other two warps idle
+    load    (threads 384-511)  one warp issues the TMA loads of q (for the output), k, v, A (or P); one warp loads
+                               gc, beta and the exp factors of gc (or the chunk's D); the other two warps idle
 Every hand-over is a buffer with n slots (chunk c uses slot c % n) and one mbarrier pair per slot: "ready"
 completes when the slot holds chunk c (wait parity (c // n) % 2), "free"/"read" when its readers are done with it
 (the writer of chunk c waits parity (c // n + 1) % 2, which a fresh barrier passes: no wait for the first n chunks):
-    loaded / consumed     load -> all      q, k, v, A, gc, beta        n = 3 where shared memory allows, else 2
+    loaded / consumed     load -> all      q, k, v, A, gc, beta (D)    n = 3 where shared memory allows, else 2
     S_ready / S_read      state -> value, output   S_s                  n = 2
     Vn_ready / Vn_read    value -> output  Vnew_s (delta rule)          n = 2, 1 at block_DV = 128 (shared memory)
     Vd_ready / Vd_read    value -> state   Vd_s                         n = 1
@@ -103,10 +103,11 @@ def chunk_fwd_ws_kernel(
             q_s = T.alloc_shared([stages, C, K], dtype)
             k_s = T.alloc_shared([stages, C, K], dtype)
             v_s = T.alloc_shared([stages, C, block_DV], dtype)  # V, overwritten by R in the delta rule
-            g_s = T.alloc_shared([stages, C], accum)  # gc
-            eg_s = T.alloc_shared([stages, C], accum)  # exp(gc)
+            if not channel:
+                g_s = T.alloc_shared([stages, C], accum)  # gc
+                eg_s = T.alloc_shared([stages, C], accum)  # exp(gc)
             ed_s = T.alloc_shared([stages, C], accum)  # exp(gc_last - gc), 0 past the sequence end
-            if delta or channel:
+            if delta or (channel and store_output):
                 A_s = T.alloc_shared([stages, C, C], dtype)  # A (delta rule) or P (per-channel gate)
             if delta:
                 beta_s = T.alloc_shared([stages, C], accum)
@@ -116,7 +117,8 @@ def chunk_fwd_ws_kernel(
                 Vn_s = T.alloc_shared([Vn_slots, C, block_DV], dtype)
             S_s = T.alloc_shared([2, K, block_DV], dtype)
             Vd_s = T.alloc_shared([C, block_DV], dtype)
-            P_s = T.alloc_shared([C, C], dtype)
+            if not channel:
+                P_s = T.alloc_shared([C, C], dtype)
 
             S_f = T.alloc_fragment([K, block_DV], accum)
             if delta:
@@ -124,7 +126,8 @@ def chunk_fwd_ws_kernel(
             if delta:
                 Vn_f = T.alloc_fragment([C, block_DV], accum)
             O_f = T.alloc_fragment([C, block_DV], accum)
-            P_f = T.alloc_fragment([C, C], accum)
+            if not channel:
+                P_f = T.alloc_fragment([C, C], accum)
 
             loaded = T.alloc_barrier([64] * stages)
             consumed = T.alloc_barrier([consumers * GROUP] * stages)
@@ -297,10 +300,10 @@ def chunk_fwd_ws_kernel(
 def input_stages(K, block_DV, delta, store_output, channel=False):
     """Input slots (q, k, v, A or P, gc, beta, exp(gc_last) per chunk): 3 where shared memory holds them (the loads
     of chunk c + 2 then overlap chunk c + 1 even when the output group lags a chunk behind), else 2."""
-    per_stage = 2 * CHUNK * (K * (1 + int(store_output)) + block_DV) + 4 * 3 * CHUNK
+    per_stage = 2 * CHUNK * (K * (1 + int(store_output)) + block_DV) + 4 * CHUNK * (1 if channel else 3)  # (gc, eg,) ed
+    fixed = 2 * (2 * K * block_DV + CHUNK * block_DV + (0 if channel else CHUNK * CHUNK))  # S_s (two slots), Vd_s, P_s
     if channel:
-        per_stage += 2 * CHUNK * CHUNK * int(store_output) + 4 * K  # P, exp(gc_last)
-    fixed = 2 * (2 * K * block_DV + CHUNK * block_DV + CHUNK * CHUNK)  # S_s (two slots), Vd_s, P_s
+        per_stage += 2 * CHUNK * CHUNK * int(store_output) + 4 * K  # P, D
     if delta:
         per_stage += 2 * CHUNK * CHUNK + 4 * CHUNK  # A, beta
         fixed += 2 * CHUNK * block_DV * (2 if block_DV <= 64 else 1) * int(store_output)  # Vnew_s

@@ -39,6 +39,8 @@ DECAY_LIMIT = 80.0  # the one-product scores while no channel decays by more tha
 def gla_factors_kernel(K: int, dtype: str, cumsum: bool) -> T.PrimFunc:
     """Build the prim_func for static (K, input dtype, whether g is the raw gate to sum here or gc already); tokens,
     heads (GVA ratio G = HV / H) and the varlen layout are symbolic, scale a run-time argument."""
+    if K > THREADS:
+        raise ValueError(f"K: one thread sums each key channel, so K <= {THREADS}, got {K}")
     C = TILE
     score_dtype = channel_score_dtype(dtype)
     num_tokens, H, HV, num_bounds, NSL = T.dynamic("num_tokens, H, HV, num_bounds, NSL")

@@ -82,7 +82,8 @@ def modelled_ms(lengths, heads: int, sms: int, plan: SegmentPlan | None, K: int 
 def auto_plan(lengths, heads: int, sms: int, K: int = 128, delta: bool = True,
               margin: float = 0.8) -> SegmentPlan | None:
     """The segment size (from SEGMENT_CHUNKS) whose modelled time is lowest, if it beats the unsplit pass's by the
-    margin; else None (tilela.ops asks it for every call the warp-specialised pass covers). The margin covers what
+    margin; else None (tilela.ops asks it for every call the warp-specialised pass covers but chunk_gla's, whose
+    per-channel transitions the split does not take). The margin covers what
     the model leaves out: when the transitions fill the GPU several waves deep their chunk period grows (shared
     bandwidth). With margin 0.8 and the chunk periods of chunk_fwd_ws.CHUNK_US the model agrees with every split
     and unsplit pass the H200 has timed (benchmarks/NOTES.md, 2026-11-30)."""
