@@ -74,7 +74,8 @@ def _split_plan(hopper, v, g_kind, delta, dims):
     pass does not cover."""
     from .kernels.hopper import chunk_fwd_ws, seq_split
 
-    if g_kind == "channel" or not chunk_fwd_ws.covers(dims.K, dims.V, g_kind, delta, hopper.DTYPES[v.dtype]):
+    if g_kind not in seq_split.GATES or not chunk_fwd_ws.covers(dims.K, dims.V, g_kind, delta,
+                                                                 hopper.DTYPES[v.dtype]):
         return None
     lengths = [eos - bos for bos, eos in dims.seq_bounds]
     return seq_split.auto_plan(lengths, dims.HV, hopper.multiprocessors(v.device), dims.K, delta)

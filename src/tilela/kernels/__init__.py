@@ -60,6 +60,7 @@ def channel_score_dtype(dtype: str) -> str:
     fp16 inputs, whose 65504 the factor exp(R - g_j) >= 1 may pass (bf16 has fp32's exponent range)."""
     return "float32" if dtype == "float16" else dtype
 
+
 def state_pass_contract(K, V, gate, delta, dtype, beta_dtype, scores=False):
     """The launch contract both state/output passes (hopper/chunk_fwd.py, hopper/chunk_fwd_ws.py) compile against,
     as a namespace: the dynamic sizes B, Tn, H, HV, NS1 (batch, tokens, q/k heads, value heads, len(cu_seqlens))

@@ -319,7 +319,7 @@ def chunk_forward(
     if not g_is_cumsum and (gate != "channel" or not ws or kernel == "loop"):
         raise ValueError(f"g_is_cumsum=False: only the warp-specialised pass under a per-channel gate sums the raw "
                          f"gate itself, got gate {gate!r} (covered: {ws}, kernel={kernel!r})")
-    if segments is not None and gate == "channel":
+    if segments is not None and gate not in seq_split.GATES:
         raise ValueError("segments: the sequence split takes no per-channel gate (its transitions would be "
                          "diagonal per key channel, not scalar), got a [B, T, HV, K] gate")
     if block_DV is not None and (block_DV not in chunk_fwd_ws.dv_blocks(K) or not ws or kernel == "loop"

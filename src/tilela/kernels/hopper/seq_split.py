@@ -33,6 +33,11 @@ from .. import TILE as CHUNK
 from .chunk_fwd_ws import default_block_DV, modelled_us
 
 
+# the gates the split takes: its transitions M are exp(segment decay) I (plain update) or read from [B | M] (delta
+# rule); a per-channel gate's would be diagonal per key channel, which the combine does not implement
+GATES = ("none", "scalar")
+
+
 @dataclass(frozen=True)
 class SegmentPlan:
     """A split of the sequences of the given host lengths: segment_chunks chunks per segment (a sequence's last
