@@ -26,6 +26,9 @@ The four warp groups and what each owns (state on chip for the whole sequence, f
                                stores O
     load    (threads 384-511)  one warp issues the TMA loads of q (for the output), k, v, A (or P); one warp loads
                                gc, beta and the exp factors of gc (or the chunk's D); the other two warps idle
+Plain update with output (levels 1-3): the value group has no products, so it becomes a second output group (even
+chunks; the output group takes the odd ones: S_s slot c % 2 is read by the group of chunk c only, each group stages
+its own P), and the two idle load warps write Vd_s = exp(gc_last - gc) V for the state group.
 Every hand-over is a buffer with n slots (chunk c uses slot c % n) and one mbarrier pair per slot: "ready"
 completes when the slot holds chunk c (wait parity (c // n) % 2), "free"/"read" when its readers are done with it
 (the writer of chunk c waits parity (c // n + 1) % 2, which a fresh barrier passes: no wait for the first n chunks):
@@ -86,12 +89,55 @@ def chunk_fwd_ws_kernel(
     if channel and delta:
         raise ValueError("gate: the per-channel gate takes the plain update here (KDA runs on chunk_fwd.py)")
     Vn_slots = 2 if block_DV <= 64 else 1
-    consumers = 3 if store_output else 2  # warp groups that read the input slots
-    S_readers = int(delta) + int(store_output)  # warp groups that read S_s
+    # plain update with output: the value group has no products, so it takes the even chunks' output (the output
+    # group the odd ones) and two idle load warps scale V into Vd
+    pingpong = store_output and not delta
+    consumers = 3 if store_output else 2  # warp groups that read the input slots (per chunk, in threads below)
+    consumer_threads = (2 * GROUP + 64) if pingpong else consumers * GROUP
+    S_readers = 1 if pingpong else int(delta) + int(store_output)  # warp groups that read S_s of a chunk
     Vn_shared = delta and store_output  # Vnew_s only feeds the output
     stages = input_stages(K, block_DV, delta, store_output, channel)
     sig = state_pass_contract(K, V, gate, delta, dtype, beta_dtype, scores=channel)
     B, Tn, H, HV, NS1 = sig.B, sig.Tn, sig.H, sig.HV, sig.NS1
+
+    @T.macro
+    def output_chunk(c, P_s, P_f, O_f, q_s, k_s, v_s, g_s, eg_s, A_s, S_s, Vn_s, loaded, consumed, S_ready, S_read,
+                     Vn_ready, Vn_read, o, bb, bh, v0, t_start, t_end):
+        """Chunk c's output by one warp group: P = Q K^T (before S is ready; loaded under the per-channel gate),
+        O = scale (Q S) (exp(gc) rows) + P Vnew, stored; P_s its P staging, P_f and O_f its fragments."""
+        s, slot = c % 2, c % stages
+        t0 = t_start + c * C
+        T.barrier_wait(loaded[slot], (c // stages) % 2)
+        if not channel:
+            T.gemm(q_s[slot, :, :], k_s[slot, :, :], P_f, transpose_B=True, clear_accum=True)
+            for i, j in T.Parallel(C, C):
+                if scalar:
+                    P_f[i, j] = T.if_then_else(
+                        j <= i, P_f[i, j] * scale * exp_e(g_s[slot, i] - g_s[slot, j]), 0
+                    )
+                else:
+                    P_f[i, j] = T.if_then_else(j <= i, P_f[i, j] * scale, 0)
+            T.copy(P_f, P_s)
+            T.fence_proxy_async()
+        T.barrier_wait(S_ready[s], (c // 2) % 2)
+        T.gemm(q_s[slot, :, :], S_s[s, :, :], O_f, clear_accum=True)
+        T.barrier_arrive(S_read[s])
+        for i, j in T.Parallel(C, block_DV):
+            if scalar:
+                O_f[i, j] = O_f[i, j] * (scale * eg_s[slot, i])
+            else:
+                O_f[i, j] = O_f[i, j] * scale
+        if delta:
+            n = c % Vn_slots
+            T.barrier_wait(Vn_ready[n], (c // Vn_slots) % 2)
+            T.gemm(P_s, Vn_s[n, :, :], O_f)
+            T.barrier_arrive(Vn_read[n])
+        else:
+            T.gemm(A_s[slot, :, :] if channel else P_s, v_s[slot, :, :], O_f)
+        for i, j in T.Parallel(C, block_DV):
+            if t0 + i < t_end:
+                o[bb, t0 + i, bh, v0 + j] = O_f[i, j]
+        T.barrier_arrive(consumed[slot])
 
     @T.prim_func
     def chunk_fwd_ws(q: sig.q, k: sig.k, v: sig.v, g: sig.g, beta: sig.beta, A: sig.A, h0: sig.h0,
@@ -106,19 +152,23 @@ def chunk_fwd_ws_kernel(
             if not channel:
                 g_s = T.alloc_shared([stages, C], accum)  # gc
                 eg_s = T.alloc_shared([stages, C], accum)  # exp(gc)
+            else:
+                g_s = eg_s = None
             ed_s = T.alloc_shared([stages, C], accum)  # exp(gc_last - gc), 0 past the sequence end
+            A_s = None
             if delta or (channel and store_output):
                 A_s = T.alloc_shared([stages, C, C], dtype)  # A (delta rule) or P (per-channel gate)
             if delta:
                 beta_s = T.alloc_shared([stages, C], accum)
             if channel:
                 d_s = T.alloc_shared([stages, K], accum)  # D = exp(gc_last) per key channel
+            Vn_s = Vn_ready = Vn_read = P_s = P_f = None
             if Vn_shared:
                 Vn_s = T.alloc_shared([Vn_slots, C, block_DV], dtype)
             S_s = T.alloc_shared([2, K, block_DV], dtype)
             Vd_s = T.alloc_shared([C, block_DV], dtype)
             if not channel:
-                P_s = T.alloc_shared([C, C], dtype)
+                P_s = T.alloc_shared([2, C, C] if pingpong else [C, C], dtype)
 
             S_f = T.alloc_fragment([K, block_DV], accum)
             if delta:
@@ -128,13 +178,16 @@ def chunk_fwd_ws_kernel(
             O_f = T.alloc_fragment([C, block_DV], accum)
             if not channel:
                 P_f = T.alloc_fragment([C, C], accum)
+            if pingpong:  # the even-chunk output group's own fragments
+                O2_f = T.alloc_fragment([C, block_DV], accum)
+                P2_f = None if channel else T.alloc_fragment([C, C], accum)
 
             loaded = T.alloc_barrier([64] * stages)
-            consumed = T.alloc_barrier([consumers * GROUP] * stages)
+            consumed = T.alloc_barrier([consumer_threads] * stages)
             if S_readers:
                 S_ready = T.alloc_barrier([GROUP, GROUP])
                 S_read = T.alloc_barrier([S_readers * GROUP] * 2)
-            Vd_ready = T.alloc_barrier(GROUP)
+            Vd_ready = T.alloc_barrier(64 if pingpong else GROUP)
             Vd_read = T.alloc_barrier(GROUP)
             if Vn_shared:
                 Vn_ready = T.alloc_barrier([GROUP] * Vn_slots)
@@ -189,74 +242,55 @@ def chunk_fwd_ws_kernel(
                 if store_final_state:
                     T.copy(S_f, ht[bn, bh, 0:K, v0 : v0 + block_DV])
 
-            elif tx < 2 * GROUP:  # value
+            elif tx < 2 * GROUP:  # value (the plain update with output: the even chunks' output)
                 T.set_max_nreg(VALUE_REGS, 1)
-                for c in T.serial(n_chunks):
-                    s, slot = c % 2, c % stages
-                    T.barrier_wait(loaded[slot], (c // stages) % 2)
-                    if delta:
-                        T.barrier_wait(S_ready[s], (c // 2) % 2)
-                        T.gemm(k_s[slot, :, :], S_s[s, :, :], KS_f, clear_accum=True)
-                        T.barrier_arrive(S_read[s])
+                if pingpong:
+                    for cc in T.serial(T.ceildiv(n_chunks, 2)):
+                        output_chunk(2 * cc, None if channel else P_s[0, :, :], P2_f, O2_f, q_s, k_s, v_s, g_s, eg_s,
+                                     A_s, S_s, Vn_s, loaded, consumed, S_ready, S_read, Vn_ready, Vn_read, o, bb, bh,
+                                     v0, t_start, t_end)
+                else:
+                    for c in T.serial(n_chunks):
+                        s, slot = c % 2, c % stages
+                        T.barrier_wait(loaded[slot], (c // stages) % 2)
+                        if delta:
+                            T.barrier_wait(S_ready[s], (c // 2) % 2)
+                            T.gemm(k_s[slot, :, :], S_s[s, :, :], KS_f, clear_accum=True)
+                            T.barrier_arrive(S_read[s])
+                            for i, j in T.Parallel(C, block_DV):
+                                if scalar:
+                                    KS_f[i, j] = beta_s[slot, i] * (v_s[slot, i, j] - eg_s[slot, i] * KS_f[i, j])
+                                else:
+                                    KS_f[i, j] = beta_s[slot, i] * (v_s[slot, i, j] - KS_f[i, j])
+                            T.copy(KS_f, v_s[slot, :, :])
+                            T.fence_proxy_async()
+                            T.gemm(A_s[slot, :, :], v_s[slot, :, :], Vn_f, clear_accum=True)
+                        # Vd first: it is on the recurrence's critical path, Vnew_s for the output group is not
+                        T.barrier_wait(Vd_read, (c + 1) % 2)
                         for i, j in T.Parallel(C, block_DV):
-                            if scalar:
-                                KS_f[i, j] = beta_s[slot, i] * (v_s[slot, i, j] - eg_s[slot, i] * KS_f[i, j])
-                            else:
-                                KS_f[i, j] = beta_s[slot, i] * (v_s[slot, i, j] - KS_f[i, j])
-                        T.copy(KS_f, v_s[slot, :, :])
+                            Vd_s[i, j] = ed_s[slot, i] * (Vn_f[i, j] if delta else v_s[slot, i, j])
                         T.fence_proxy_async()
-                        T.gemm(A_s[slot, :, :], v_s[slot, :, :], Vn_f, clear_accum=True)
-                    # Vd first: it is on the recurrence's critical path, Vnew_s for the output group is not
-                    T.barrier_wait(Vd_read, (c + 1) % 2)
-                    for i, j in T.Parallel(C, block_DV):
-                        Vd_s[i, j] = ed_s[slot, i] * (Vn_f[i, j] if delta else v_s[slot, i, j])
-                    T.fence_proxy_async()
-                    T.barrier_arrive(Vd_ready)
-                    if Vn_shared:
-                        n = c % Vn_slots
-                        T.barrier_wait(Vn_read[n], (c // Vn_slots + 1) % 2)
-                        T.copy(Vn_f, Vn_s[n, :, :])
-                        T.fence_proxy_async()
-                        T.barrier_arrive(Vn_ready[n])
-                    T.barrier_arrive(consumed[slot])
+                        T.barrier_arrive(Vd_ready)
+                        if Vn_shared:
+                            n = c % Vn_slots
+                            T.barrier_wait(Vn_read[n], (c // Vn_slots + 1) % 2)
+                            T.copy(Vn_f, Vn_s[n, :, :])
+                            T.fence_proxy_async()
+                            T.barrier_arrive(Vn_ready[n])
+                        T.barrier_arrive(consumed[slot])
 
             elif tx < 3 * GROUP:  # output
                 if store_output:
                     T.set_max_nreg(OUTPUT_REGS, 1)
-                    for c in T.serial(n_chunks):
-                        s, slot = c % 2, c % stages
-                        t0 = t_start + c * C
-                        T.barrier_wait(loaded[slot], (c // stages) % 2)
-                        if not channel:
-                            T.gemm(q_s[slot, :, :], k_s[slot, :, :], P_f, transpose_B=True, clear_accum=True)
-                            for i, j in T.Parallel(C, C):
-                                if scalar:
-                                    P_f[i, j] = T.if_then_else(
-                                        j <= i, P_f[i, j] * scale * exp_e(g_s[slot, i] - g_s[slot, j]), 0
-                                    )
-                                else:
-                                    P_f[i, j] = T.if_then_else(j <= i, P_f[i, j] * scale, 0)
-                            T.copy(P_f, P_s)
-                            T.fence_proxy_async()
-                        T.barrier_wait(S_ready[s], (c // 2) % 2)
-                        T.gemm(q_s[slot, :, :], S_s[s, :, :], O_f, clear_accum=True)
-                        T.barrier_arrive(S_read[s])
-                        for i, j in T.Parallel(C, block_DV):
-                            if scalar:
-                                O_f[i, j] = O_f[i, j] * (scale * eg_s[slot, i])
-                            else:
-                                O_f[i, j] = O_f[i, j] * scale
-                        if delta:
-                            n = c % Vn_slots
-                            T.barrier_wait(Vn_ready[n], (c // Vn_slots) % 2)
-                            T.gemm(P_s, Vn_s[n, :, :], O_f)
-                            T.barrier_arrive(Vn_read[n])
-                        else:
-                            T.gemm(A_s[slot, :, :] if channel else P_s, v_s[slot, :, :], O_f)
-                        for i, j in T.Parallel(C, block_DV):
-                            if t0 + i < t_end:
-                                o[bb, t0 + i, bh, v0 + j] = O_f[i, j]
-                        T.barrier_arrive(consumed[slot])
+                    if pingpong:
+                        for cc in T.serial(T.ceildiv(n_chunks - 1, 2)):
+                            output_chunk(2 * cc + 1, None if channel else P_s[1, :, :], P_f, O_f, q_s, k_s, v_s,
+                                         g_s, eg_s, A_s, S_s, Vn_s, loaded, consumed, S_ready, S_read, Vn_ready,
+                                         Vn_read, o, bb, bh, v0, t_start, t_end)
+                    else:
+                        for c in T.serial(n_chunks):
+                            output_chunk(c, P_s, P_f, O_f, q_s, k_s, v_s, g_s, eg_s, A_s, S_s, Vn_s, loaded,
+                                         consumed, S_ready, S_read, Vn_ready, Vn_read, o, bb, bh, v0, t_start, t_end)
                 else:  # the state pass alone: this group idles
                     T.set_max_nreg(LOAD_REGS, 0)
 
@@ -293,6 +327,16 @@ def chunk_fwd_ws_kernel(
                             for d in T.Parallel(K):
                                 d_s[slot, d] = g[tile0 + c, bh, d]
                         T.barrier_arrive(loaded[slot])
+                elif pingpong:  # Vd = exp(gc_last - gc) V (rows past the sequence end zeroed) for the state group
+                    for c in T.serial(n_chunks):
+                        slot = c % stages
+                        T.barrier_wait(loaded[slot], (c // stages) % 2)
+                        T.barrier_wait(Vd_read, (c + 1) % 2)
+                        for i, j in T.Parallel(C, block_DV):
+                            Vd_s[i, j] = ed_s[slot, i] * v_s[slot, i, j]
+                        T.fence_proxy_async()
+                        T.barrier_arrive(Vd_ready)
+                        T.barrier_arrive(consumed[slot])
 
     return chunk_fwd_ws
 
@@ -301,7 +345,8 @@ def input_stages(K, block_DV, delta, store_output, channel=False):
     """Input slots (q, k, v, A or P, gc, beta, exp(gc_last) per chunk): 3 where shared memory holds them (the loads
     of chunk c + 2 then overlap chunk c + 1 even when the output group lags a chunk behind), else 2."""
     per_stage = 2 * CHUNK * (K * (1 + int(store_output)) + block_DV) + 4 * CHUNK * (1 if channel else 3)  # (gc, eg,) ed
-    fixed = 2 * (2 * K * block_DV + CHUNK * block_DV + (0 if channel else CHUNK * CHUNK))  # S_s (two slots), Vd_s, P_s
+    P_slots = 0 if channel else (2 if store_output and not delta else 1)  # one per output group
+    fixed = 2 * (2 * K * block_DV + CHUNK * block_DV + P_slots * CHUNK * CHUNK)  # S_s (two slots), Vd_s, P_s
     if channel:
         per_stage += 2 * CHUNK * CHUNK * int(store_output) + 4 * K  # P, D
     if delta:
