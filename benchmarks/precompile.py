@@ -32,7 +32,7 @@ def compile_one(job):
                             beta_dtype, *flags, block_DV, store_output, warp_specialized=True)
         else:
             builder = {"kkt": hopper.kkt_solve_kernel, "cumsum": hopper.chunk_local_cumsum_kernel,
-                       "gla": hopper.gla_factors_kernel}[kind]
+                       "gla": hopper.gla_factors_kernel, "combine": hopper.seq_combine_kernel}[kind]
             hopper.compiled(builder, *cfg)
         return job, time.time() - t, None
     except Exception as e:  # report and go on: a miss only costs a compile on the device
@@ -44,11 +44,11 @@ def jobs():
     state) switches the GPU tests and benchmarks use: GDN in both passes (and its half-precision beta), the other
     ladder levels in the pass that serves them, the warp-specialised pass at every DV block it is built for
     (chunk_fwd_ws.dv_blocks) and its sequence-split transitions."""
-    from tilela.kernels.hopper import CUMSUM_CONFIGS, GLA_FACTORS_CONFIGS, KKT_CONFIGS
+    from tilela.kernels.hopper import CUMSUM_CONFIGS, GLA_FACTORS_CONFIGS, KKT_CONFIGS, SEQ_COMBINE_CONFIGS
     from tilela.kernels.hopper.chunk_fwd_ws import covers, dv_blocks
 
     out = ([("cumsum", c) for c in CUMSUM_CONFIGS] + [("kkt", c) for c in KKT_CONFIGS]
-           + [("gla", c) for c in GLA_FACTORS_CONFIGS])
+           + [("gla", c) for c in GLA_FACTORS_CONFIGS] + [("combine", c) for c in SEQ_COMBINE_CONFIGS])
     switches = [(True, True, True), (False, False, True), (False, True, True), (True, False, True),
                 (False, False, False), (True, True, False)]
     levels = (("scalar", True), ("none", False), ("scalar", False), ("none", True), ("channel", False),
@@ -62,10 +62,11 @@ def jobs():
             if covers(K, K, gate, delta, dtype):
                 out += [("ws", (K, K, gate, delta, dtype, beta_dtype, flags, block_DV, True))
                         for block_DV in dv_blocks(K)]
-                if flags == (True, True, True) and gate != "channel":  # the state pass alone: the sequence split's
-                    # transitions (value [V | 0] with the delta rule, V without), the state_pass bench's state_only
+                if gate != "channel" and flags == (True, delta, True):  # the state pass alone: the sequence
+                    # split's transitions (value [V | 0] from [0 | I] with the delta rule, V from zero without), the
+                    # state_pass bench's state_only
                     out += [("ws", (K, V, gate, delta, dtype, beta_dtype, flags, block_DV, False))
-                            for V in ((K, 2 * K) if delta else (K,)) for block_DV in (K // 2, K)]
+                            for V in ((K, 2 * K) if delta else (K,)) for block_DV in dv_blocks(K)]
     return out
 
 

@@ -1,4 +1,4 @@
-"""Every shipped chunk_local_cumsum / kkt_solve / gla_factors configuration lowers and nvcc-compiles for sm_90a (no
+"""Every shipped chunk_local_cumsum / kkt_solve / gla_factors / seq_combine configuration lowers and nvcc-compiles for sm_90a (no
 GPU needed).
 
 Sizes (tokens, heads, sequences; K too in cumsum and kkt_solve) are symbolic, so the static configurations listed in
@@ -22,9 +22,10 @@ pytestmark = [
 ]
 
 CASES = ([("cumsum", c) for c in hopper.CUMSUM_CONFIGS] + [("kkt_solve", c) for c in hopper.KKT_CONFIGS]
-         + [("gla_factors", c) for c in hopper.GLA_FACTORS_CONFIGS])
+         + [("gla_factors", c) for c in hopper.GLA_FACTORS_CONFIGS]
+         + [("seq_combine", c) for c in hopper.SEQ_COMBINE_CONFIGS])
 BUILDERS = {"cumsum": hopper.chunk_local_cumsum_kernel, "kkt_solve": hopper.kkt_solve_kernel,
-            "gla_factors": hopper.gla_factors_kernel}
+            "gla_factors": hopper.gla_factors_kernel, "seq_combine": hopper.seq_combine_kernel}
 
 
 def _lower(case):
@@ -60,6 +61,8 @@ def test_compiles_for_sm90a(compiled, case):
         else:
             assert "wgmma" in source  # K K^T on the tensor cores
         assert "__launch_bounds__(128, 4)" in source
+    if case[0] == "seq_combine":  # the transitions' states arrive through the cp.async pipeline
+        assert "cp_async" in source
     if case[0] == "gla_factors":
         _, dtype, _ = case[1]
         if dtype == "float16":  # the sub-chunk score operands in fp32 (tf32 MMAs), as kkt_solve's

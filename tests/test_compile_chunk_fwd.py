@@ -55,11 +55,13 @@ CASES = [
     ("ws_full", "channel", False, 64, "float16", None, FLAGS[3]),
     ("ws_half", "channel", False, 64, "bfloat16", None, FLAGS[0]),
     ("ws_quarter", "channel", False, 64, "float16", None, FLAGS[1]),
-    # the sequence split's transitions: value [V | 0] (V = 2K), state alone, DV block K and K / 2
+    # the sequence split's transitions, state alone: value [V | 0] (V = 2K) from [0 | I] with the delta rule, V
+    # from a zero state without (no initial state read)
     ("ws_split_full", "scalar", True, 128, "bfloat16", "float32", FLAGS[0]),
     ("ws_split_half", "none", True, 64, "float16", "float32", FLAGS[0]),
-    ("ws_split_full", "scalar", False, 128, "float16", None, FLAGS[0]),
-    ("ws_split_half", "none", False, 128, "bfloat16", None, FLAGS[0]),
+    ("ws_split_full", "scalar", False, 128, "float16", None, (True, False, True)),
+    ("ws_split_half", "none", False, 128, "bfloat16", None, (True, False, True)),
+    ("ws_split_quarter", "scalar", False, 128, "bfloat16", None, (True, False, True)),
     ("chunk_fwd", "scalar", True, 128, "float16", "float16", FLAGS[0]),  # GDN with a half-precision beta
     ("chunk_fwd", "scalar", True, 256, "bfloat16", "float32", FLAGS[0]),
     ("chunk_fwd", "scalar", True, 256, "float16", "float32", FLAGS[1]),
@@ -90,7 +92,7 @@ def _lower(case):
                                 *default_config(K, gate, delta, dtype))
     elif kind.startswith("ws"):
         split = kind.startswith("ws_split")
-        func = chunk_fwd_ws_kernel(K, 2 * K if split else K, K**-0.5, gate, delta, dtype, beta_dtype or "float32",
+        func = chunk_fwd_ws_kernel(K, 2 * K if split and delta else K, K**-0.5, gate, delta, dtype, beta_dtype or "float32",
                                    *flags, K // DV_FRACTION[kind.rsplit("_", 1)[1]], not split)
     else:
         func = linear_attn_seq_in_grid_kernel(H, HV, K, K, K**-0.5, dtype, *flags)

@@ -3,6 +3,7 @@ reference: head dims 64/128/256, bf16/fp16, GVA 1-4, varlen with many (1-token, 
 sequences, dense batches, initial/final state, in-kernel q/k l2norm, no-decay to strong-decay gates;
 and CUDA-graph capture of the whole op (no host synchronisation on the hot path)."""
 
+import itertools
 import zlib
 
 import pytest
@@ -67,24 +68,28 @@ def test_gdn_against_float64_reference(lengths, B, h_qk, h_v, dim, dtype, gate, 
 SPLIT_LAYOUT = (10000, 1, 190)
 
 
+@pytest.mark.parametrize("op", ["chunk_gated_delta_rule", "chunk_simple_gla"])
 @pytest.mark.parametrize("lengths,h_v,splits", [((300, 1, 77), 4, False), (SPLIT_LAYOUT, 4, True),
                                                  ((8192,), 4, True)], ids=["varlen", "varlen_split", "dense_split"])
-def test_gdn_captures_in_a_cuda_graph(lengths, h_v, splits):
+def test_ops_capture_in_a_cuda_graph(op, lengths, h_v, splits):
     """The whole op replays from a CUDA graph on new inputs, unsplit and with the sequence split (auto_plan
-    splits a 10000-token sequence over 4 value heads), varlen and dense (a single sequence without cu_seqlens)."""
+    splits a 10000-token sequence over 4 value heads; its segment table is a copy node of the graph), varlen and
+    dense (a single sequence without cu_seqlens): GDN (the delta rule's combine) and simple_gla (the plain update's
+    combine kernel)."""
     from tilela.kernels.hopper import multiprocessors
     from tilela.kernels.hopper.seq_split import auto_plan
 
-    assert (auto_plan(lengths, h_v, multiprocessors(torch.device("cuda")), 128) is not None) == splits
+    delta = op == "chunk_gated_delta_rule"
+    assert (auto_plan(lengths, h_v, multiprocessors(torch.device("cuda")), 128, delta) is not None) == splits
     dense = len(lengths) == 1
     x = make(None if dense else lengths, 1, 2, h_v, 128, torch.bfloat16, "mixed", seed=3, T=sum(lengths))
     dev = {n: None if t is None else t.cuda() for n, t in x.items()}
     cpu_cu = x["cu_seqlens"]
 
     def run():
-        return tilela.chunk_gated_delta_rule(dev["q"], dev["k"], dev["v"], dev["g"], dev["beta"],
-                                             initial_state=dev["initial_state"], output_final_state=True,
-                                             cu_seqlens=dev["cu_seqlens"], cu_seqlens_cpu=cpu_cu)
+        gates = [dev["g"], dev["beta"]] if delta else [dev["g"]]
+        return getattr(tilela, op)(dev["q"], dev["k"], dev["v"], *gates, initial_state=dev["initial_state"],
+                                   output_final_state=True, cu_seqlens=dev["cu_seqlens"], cu_seqlens_cpu=cpu_cu)
 
     eager_o, eager_S = run()  # compiles outside the capture
     torch.cuda.synchronize()
@@ -96,10 +101,36 @@ def test_gdn_captures_in_a_cuda_graph(lengths, h_v, splits):
         dev[n].copy_(fresh[n])
     graph.replay()
     torch.cuda.synchronize()
-    ref_o, ref_S = reference.chunked(fresh["q"], fresh["k"], fresh["v"], g=fresh["g"], beta=fresh["beta"],
-                                     initial_state=fresh["initial_state"], cu_seqlens=cpu_cu)
+    ref_o, ref_S = reference.chunked(fresh["q"], fresh["k"], fresh["v"], g=fresh["g"],
+                                     beta=fresh["beta"] if delta else None, initial_state=fresh["initial_state"],
+                                     cu_seqlens=cpu_cu)
     assert rel_l2(o, ref_o) < 1e-2 and rel_l2(S, ref_S) < 1e-2
     assert rel_l2(eager_o, ref_o) > 1e-1  # the replay really ran on the new inputs
+
+
+@pytest.mark.parametrize("gate", [None, "scalar"])
+@pytest.mark.parametrize("with_h0", [False, True])
+def test_seq_combine_matches_entering_states(gate, with_h0):
+    """The plain update's combine kernel (hopper/seq_combine.py) against its float64 stage: 302 segments in one
+    sequence (three blocks of 128 decays), an empty and a one-token sequence, a head without decay."""
+    from tilela.kernels.hopper.seq_split import SegmentPlan, entering_states, segment_table
+
+    lengths = [64 * 603 + 5, 0, 1, 700]
+    plan = SegmentPlan.of(lengths, 2)
+    table = segment_table(plan, torch.device("cuda"))
+    gen = torch.Generator().manual_seed(7)
+    HV, K = 3, 128
+    B = torch.randn(plan.num_segments, HV, K, K, generator=gen)
+    h0 = torch.randn(len(lengths), HV, K, K, generator=gen) if with_h0 else None
+    gc = None
+    if gate:
+        g = F.logsigmoid(torch.randn(1, sum(lengths), HV, generator=gen)) / 16
+        g[..., 0] = 0.0
+        gc = reference.chunk_local_cumsum(g, 64, torch.tensor([0, *itertools.accumulate(lengths)])).float()
+    S_in, final = entering_states(B.cuda(), None if gc is None else gc.cuda(), table.cu_segments, table.first,
+                                  None if h0 is None else h0.cuda())
+    ref_in, ref_final = reference.entering_states(B, gc, table.cu_segments.cpu(), table.first.cpu(), h0)
+    assert rel_l2(S_in, ref_in) < 1e-5 and rel_l2(final, ref_final) < 1e-5
 
 
 LADDER = [  # op, gate ("scalar" [B,T,HV] / "channel" [B,T,HV,K] / None), delta rule

@@ -1,7 +1,9 @@
 """The sequence split's host side (kernels.hopper.seq_split) on the CPU: segment tables, and split_forward with a
-float64 stand-in for the state pass (reference layer B over the segments) against the unsplit reference, so the
-transitions ([V | 0] value, [0 | I] state), the combine over segments and the final-state gather are checked
-without a GPU. The TileLang state pass it drives on the GPU is compile-tested in test_compile_chunk_fwd.py."""
+float64 stand-in for the state pass (reference layer B over the segments) and the plain update's combine
+(reference.entering_states) against the unsplit reference, so the transitions ([V | 0] value, [0 | I] state with the
+delta rule; V from a zero state without), the combines over segments and the final states are checked without a
+GPU. The TileLang state pass and combine it drives on the GPU are compile-tested in test_compile_chunk_fwd.py and
+test_compile.py; tests/test_gpu_ops.py checks the combine kernel against reference.entering_states."""
 
 from itertools import accumulate
 
@@ -12,7 +14,7 @@ import torch.nn.functional as F
 from tilela import reference
 from tilela.kernels.hopper.chunk_fwd_ws import CHUNK_US
 from tilela.kernels.hopper.seq_split import (COMBINE_STEP_MS, SPLIT_FIXED_MS, SegmentPlan, auto_plan, host_table,
-                                             modelled_ms, segment_decay, segment_table, split_forward)
+                                             modelled_ms, segment_table, split_forward)
 
 F64 = torch.float64
 
@@ -22,13 +24,13 @@ def test_segment_table_cuts_each_sequence_at_chunk_multiples():
     plan = SegmentPlan.of(lengths, 2)  # 128-token segments
     assert (plan.segment_chunks, plan.num_segments, plan.max_per_sequence) == (2, 8, 3)
     expected = ([0, 128, 256, 300, 301, 301, 429, 431, 495],
-                [0, 5, 10, 1, 2, 3, 8, 4],  # j * N + n on the combine's [3, 5] grid
+                [0, 3, 4, 5, 7, 8],  # each sequence's first segment (and the count at the end)
+                [0, 5, 10, 1, 2, 3, 8, 4],  # j * N + n on the delta rule's [3, 5] combine grid
                 [2, 3, 4, 6, 7])
-    cu = torch.tensor([0, *accumulate(lengths)], dtype=torch.int32)
-    assert [t.tolist() for t in segment_table(cu, plan, cu.device)] == list(expected)  # on the device
-    assert host_table(plan) == expected  # from the plan's host lengths (what a GPU call copies over)
-    dense = SegmentPlan.of([300, 300], 2)  # a dense batch (no cu_seqlens): equal lengths
-    assert [t.tolist() for t in segment_table(None, dense, cu.device)] == list(host_table(dense))
+    assert host_table(plan) == expected
+    table = segment_table(plan, torch.device("cpu"))
+    assert [t.tolist() for t in table] == list(expected)
+    assert all(t.dtype == torch.int32 for t in table)
 
 
 def test_segment_plan_rejects_empty_segments():
@@ -42,8 +44,10 @@ def test_segment_plan_rejects_empty_segments():
     ([32768], 32, True, None),  # the split's extra pass outweighs what the extra CTAs bring
     ([8192], 8, True, None),
     ([32768], 16, False, 64),  # the plain update's transitions are cheaper: V alone
+    ([8192], 16, False, 16),  # ladder levels 1-2: split at 16 heads, not at 32
+    ([8192], 32, False, None),
     ([10000, 1, 190], 4, True, 16),  # the layouts the GPU tests split (tests/test_gpu_ops.py)
-    ([10000, 1, 190], 4, False, 16),
+    ([10000, 1, 190], 4, False, 8),
     ([8192], 4, True, 16),
     ([2048], 8, True, None),
     ([28672, 4096], 8, True, 64),
@@ -60,29 +64,41 @@ def test_modelled_split_time_adds_both_passes_and_the_combine():
     plan = SegmentPlan.of([32768], 64)
     # transitions (state alone, V = 2K): the faster of 64 sequence-heads x 4 DV blocks of K / 2 (two waves of 132
     # SMs) and 128 CTAs of K (one wave); outputs: 128 CTAs of K / 2, one wave
-    transitions = min(2 * 64 * CHUNK_US[(2, False)], 64 * CHUNK_US[(1, False)])
-    expected = (transitions + 64 * CHUNK_US[(2, True)]) * 1e-3 + SPLIT_FIXED_MS + 7 * COMBINE_STEP_MS
+    transitions = min(2 * 64 * CHUNK_US[(True, 2, False)], 64 * CHUNK_US[(True, 1, False)])
+    expected = (transitions + 64 * CHUNK_US[(True, 2, True)]) * 1e-3 + SPLIT_FIXED_MS[True] + 7 * COMBINE_STEP_MS[True]
     assert modelled_ms([32768], 8, 132, plan) == pytest.approx(expected)
-    assert modelled_ms([32768], 8, 132, None) == pytest.approx(512 * CHUNK_US[(4, True)] * 1e-3)  # 32 CTAs of K / 4
+    # unsplit: 32 CTAs of K / 4
+    assert modelled_ms([32768], 8, 132, None) == pytest.approx(512 * CHUNK_US[(True, 4, True)] * 1e-3)
 
 
 def test_modelled_split_without_delta_rule_runs_transitions_on_V_alone():
     plan = SegmentPlan.of([32768], 64)
-    # transitions: 64 sequence-heads x 2 DV blocks of K / 2 (one wave), as the outputs
-    expected = 64 * (CHUNK_US[(2, False)] + CHUNK_US[(2, True)]) * 1e-3 + SPLIT_FIXED_MS + 7 * COMBINE_STEP_MS
+    # transitions: 64 sequence-heads x 2 DV blocks of K / 2 (one wave), outputs likewise, at the plain update's
+    # own periods and split costs
+    expected = (64 * (CHUNK_US[(False, 2, False)] + CHUNK_US[(False, 2, True)]) * 1e-3 + SPLIT_FIXED_MS[False]
+                + 7 * COMBINE_STEP_MS[False])
     assert modelled_ms([32768], 8, 132, plan, delta=False) == pytest.approx(expected)
 
 
-def test_segment_decay_sums_the_gate_over_each_segment():
+def test_entering_states_decay_by_the_gate_summed_over_each_segment():
+    """reference.entering_states (the combine kernel's stage) against a direct sum of the raw gate per segment."""
     lengths = [300, 1, 0, 130]
     plan = SegmentPlan.of(lengths, 2)
-    cu = torch.tensor([0, *accumulate(lengths)], dtype=torch.int32)
-    cu_seg, _, _ = segment_table(cu, plan, cu.device)
-    g = F.logsigmoid(torch.randn(1, sum(lengths), 3, generator=torch.Generator().manual_seed(0)))
-    gc = reference.chunk_local_cumsum(g, 64, cu)
-    expected = torch.stack([g[0, a:b].sum(0) for a, b in zip(cu_seg[:-1].tolist(), cu_seg[1:].tolist())]).exp()
-    torch.testing.assert_close(segment_decay(gc, cu_seg, plan.num_segments, 3), expected.float())
-    assert segment_decay(None, cu_seg, plan.num_segments, 3).eq(1).all()
+    table = segment_table(plan, torch.device("cpu"))
+    gen = torch.Generator().manual_seed(0)
+    g = F.logsigmoid(torch.randn(1, sum(lengths), 3, generator=gen, dtype=F64))
+    cu = torch.tensor([0, *accumulate(lengths)])
+    B = torch.randn(plan.num_segments, 3, 4, 5, generator=gen, dtype=F64)
+    h0 = torch.randn(len(lengths), 3, 4, 5, generator=gen, dtype=F64)
+    S_in, final = reference.entering_states(B, reference.chunk_local_cumsum(g, 64, cu), table.cu_segments,
+                                            table.first, h0)
+    bounds, first = table.cu_segments.tolist(), table.first.tolist()
+    for n in range(len(lengths)):
+        S = h0[n]
+        for j in range(first[n], first[n + 1]):
+            torch.testing.assert_close(S_in[j], S)
+            S = g[0, bounds[j] : bounds[j + 1]].sum(0).exp()[:, None, None] * S + B[j]
+        torch.testing.assert_close(final[n], S)
 
 
 def _problem(gate, delta, lengths, B=1, T=None, H=1, G=2, K=8, V=12, seed=0):
@@ -130,8 +146,8 @@ def test_split_forward_matches_unsplit(gate, delta, segment_chunks, layout):
     for h0 in (p["initial_state"], None):
         # the delta rule is told by A; the stand-in forms its own A from beta, so any [B, T, HV, 64] tensor will do
         A = None if p["beta"] is None else torch.zeros(*p["v"].shape[:3], 64, dtype=F64)
-        o, S = split_forward(_stand_in(p["g"]), p["q"], p["k"], p["v"], gc, p["beta"], A, 8 ** -0.5, h0, True,
-                             cu, plan)
+        o, S = split_forward(_stand_in(p["g"]), reference.entering_states, p["q"], p["k"], p["v"], gc, p["beta"], A,
+                             8 ** -0.5, h0, True, plan)
         if h0 is None:
             o_ref, S_ref = reference.chunked(**dict(p, initial_state=None))
         torch.testing.assert_close(o.double(), o_ref, rtol=0, atol=1e-9)

@@ -12,6 +12,8 @@ so over a segment of chunks S_out = M S_in + B with M = T_n ... T_1 and B = S_ou
   3. per segment (parallel): outputs and final state from S_in(j), by layer D's chunk loop.
 No step relies on the decay forgetting the past, so the split is exact for every gate, g = 0 included.
 Segments begin at chunk boundaries of their sequence, so the chunk-local gc is that of the whole sequence.
+Without the delta rule M is the scalar m = exp(sum of g over the segment) times I, and step 2 needs only B and m
+(entering_states, the stage kernels.hopper.seq_combine computes).
 """
 import torch
 
@@ -30,6 +32,27 @@ def segment_transition(chunks):
         M = T_c if M is None else T_c @ M
         B = keys.T @ U if B is None else T_c @ B + keys.T @ U
     return M, B
+
+
+def entering_states(B, gc, cu_segments, first, h0, chunk_size=64):
+    """Step 2 under the plain update, over a segment table: (S_in [S, HV, K, V], final [N, HV, K, V]) float64.
+    B [S, HV, K, V]: each segment's state from a zero entering state; gc [1, T, HV]: the chunk-local cumsum of a
+    scalar log gate (None: no gate), so m_j = exp(sum of gc at the last token of each chunk of segment j);
+    cu_segments [S + 1]: the segments' token boundaries; first [N + 1]: sequence n's segments are first[n] to
+    first[n + 1] - 1; h0 [N, HV, K, V] or None (zero)."""
+    B = B.to(F64)
+    bounds, first = cu_segments.tolist(), first.tolist()
+    S_in = torch.empty_like(B)
+    final = B.new_empty(len(first) - 1, *B.shape[1:])
+    for n in range(len(first) - 1):
+        S = B.new_zeros(B.shape[1:]) if h0 is None else h0[n].to(F64)
+        for j in range(first[n], first[n + 1]):
+            S_in[j] = S
+            ends = [sl.stop - 1 for sl in chunk_slices(bounds[j], bounds[j + 1], chunk_size)]
+            m = 1.0 if gc is None else gc[0, ends].to(F64).sum(0).exp()[:, None, None]
+            S = m * S + B[j]
+        final[n] = S
+    return S_in, final
 
 
 def seq_split(q, k, v, g=None, beta=None, scale=None, initial_state=None, cu_seqlens=None, chunk_size=64,

@@ -18,8 +18,9 @@ try:  # the kernel modules import tilelang; without it available() is False and 
     from .cumsum import chunk_local_cumsum_kernel
     from .gla_factors import gla_factors_kernel
     from .kkt_solve import kkt_solve_kernel  # (before `def kkt_solve` below, which then owns the name)
+    from .seq_combine import seq_combine_kernel
 except ImportError:
-    chunk_local_cumsum_kernel = gla_factors_kernel = kkt_solve_kernel = None
+    chunk_local_cumsum_kernel = gla_factors_kernel = kkt_solve_kernel = seq_combine_kernel = None
 
 DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
@@ -28,9 +29,11 @@ DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "
 #   kkt_solve_kernel(chunk, method, k dtype, gate kind, value heads per pass); "blocked" at chunk 16 is the plain
 #   in-place forward substitution of the 16x16 block (no coupling level)
 #   gla_factors_kernel(K, q/k dtype, whether it sums the raw gate itself)
+#   seq_combine_kernel(K, V, gate kind, whether an initial state is read): the plain update's sequence split
 CUMSUM_CONFIGS = [(C, d) for C in (16, 32, 64) for d in ("float32", "bfloat16", "float16")]
 KKT_METHODS = [(16, "blocked"), (32, "blocked"), (64, "blocked"), (16, "neumann"), (32, "neumann"), (64, "neumann")]
 GLA_FACTORS_CONFIGS = [(K, d, cumsum) for K in (64, 128) for d in ("bfloat16", "float16") for cumsum in (False, True)]
+SEQ_COMBINE_CONFIGS = [(K, K, gate, h0) for K in (64, 128) for gate in ("none", "scalar") for h0 in (False, True)]
 KKT_CONFIGS = [
     (C, m, d, gate, pair)
     for C, m in KKT_METHODS

@@ -283,7 +283,7 @@ def _ws_state_pass(q, k, v, g_cumsum, beta, A, scale, h0, cu_seqlens, store_outp
     """The warp-specialised pass in the sequence split's contract (varlen, initial state in)."""
     static = _static(q, v, g_cumsum, beta, A, scale, h0, store_final_state, cu_seqlens)
     block_DV = chunk_fwd_ws.default_block_DV(q.shape[3], v.shape[3], (cu_seqlens.shape[0] - 1) * v.shape[2],
-                                             multiprocessors(v.device), store_output)
+                                             multiprocessors(v.device), store_output, A is not None)
     kernel = compiled(chunk_fwd_ws.chunk_fwd_ws_kernel, *static, block_DV, store_output, warp_specialized=True)
     return _launch(kernel, q, k, v, g_cumsum, beta, A, h0, store_final_state, cu_seqlens)
 
@@ -329,11 +329,12 @@ def chunk_forward(
     if segments is not None:
         if kernel == "loop":
             raise ValueError("segments: the sequence split runs on the warp-specialised pass, got kernel='loop'")
-        return seq_split.split_forward(_ws_state_pass, q, k, v, g_cumsum, beta, A, scale, initial_state,
-                                       output_final_state, cu_seqlens, segments)
+        return seq_split.split_forward(_ws_state_pass, seq_split.entering_states, q, k, v, g_cumsum, beta, A, scale,
+                                       initial_state, output_final_state, segments)
     if ws and kernel != "loop":
         N = v.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
-        block_DV = block_DV or chunk_fwd_ws.default_block_DV(K, V, N * v.shape[2], multiprocessors(v.device))
+        block_DV = block_DV or chunk_fwd_ws.default_block_DV(K, V, N * v.shape[2], multiprocessors(v.device),
+                                                             delta=delta)
         compiled_kernel = compiled(chunk_fwd_ws.chunk_fwd_ws_kernel, *static, block_DV, True, warp_specialized=True)
         if gate == "channel":  # the state-independent factors first, in the q, k, A and g slots (chunk_fwd_ws.py)
             q, k, A, g_cumsum = gla_factors(q, k, g_cumsum, scale, cu_seqlens, cumsum=not g_is_cumsum)

@@ -35,7 +35,7 @@ completes when the slot holds chunk c (wait parity (c // n) % 2), "free"/"read" 
     loaded / consumed     load -> all      q, k, v, A, gc, beta (D)    n = 3 where shared memory allows, else 2
     S_ready / S_read      state -> value, output   S_s                  n = 2
     Vn_ready / Vn_read    value -> output  Vnew_s (delta rule)          n = 2, 1 at block_DV = 128 (shared memory)
-    Vd_ready / Vd_read    value -> state   Vd_s                         n = 1
+    Vd_ready / Vd_read    value -> state   Vd_s                         n = 2 plain update (load warps write it), 1 delta rule
 The recurrence's critical path is S_s -> K S -> A R -> K^T Vd -> S_s. P = Q K^T, Q S, P Vnew and the store run
 beside it in the output group, a chunk behind at most (two S_s slots: the state never waits for Q S of the
 chunk it just left), and the next chunk's loads beside both.
@@ -89,6 +89,7 @@ def chunk_fwd_ws_kernel(
     if channel and delta:
         raise ValueError("gate: the per-channel gate takes the plain update here (KDA runs on chunk_fwd.py)")
     Vn_slots = 2 if block_DV <= 64 else 1
+    Vd_slots = vd_slots(delta)
     # plain update with output: the value group has no products, so it takes the even chunks' output (the output
     # group the odd ones) and two idle load warps scale V into Vd
     pingpong = store_output and not delta
@@ -166,7 +167,7 @@ def chunk_fwd_ws_kernel(
             if Vn_shared:
                 Vn_s = T.alloc_shared([Vn_slots, C, block_DV], dtype)
             S_s = T.alloc_shared([2, K, block_DV], dtype)
-            Vd_s = T.alloc_shared([C, block_DV], dtype)
+            Vd_s = T.alloc_shared([Vd_slots, C, block_DV], dtype)
             if not channel:
                 P_s = T.alloc_shared([2, C, C] if pingpong else [C, C], dtype)
 
@@ -187,8 +188,8 @@ def chunk_fwd_ws_kernel(
             if S_readers:
                 S_ready = T.alloc_barrier([GROUP, GROUP])
                 S_read = T.alloc_barrier([S_readers * GROUP] * 2)
-            Vd_ready = T.alloc_barrier(64 if pingpong else GROUP)
-            Vd_read = T.alloc_barrier(GROUP)
+            Vd_ready = T.alloc_barrier([64 if pingpong else GROUP] * Vd_slots)
+            Vd_read = T.alloc_barrier([GROUP] * Vd_slots)
             if Vn_shared:
                 Vn_ready = T.alloc_barrier([GROUP] * Vn_slots)
                 Vn_read = T.alloc_barrier([GROUP] * Vn_slots)
@@ -235,9 +236,9 @@ def chunk_fwd_ws_kernel(
                     if channel:
                         for i, j in T.Parallel(K, block_DV):
                             S_f[i, j] = S_f[i, j] * d_s[slot, i]
-                    T.barrier_wait(Vd_ready, c % 2)
-                    T.gemm(k_s[slot, :, :], Vd_s, S_f, transpose_A=True)
-                    T.barrier_arrive(Vd_read)
+                    T.barrier_wait(Vd_ready[c % Vd_slots], (c // Vd_slots) % 2)
+                    T.gemm(k_s[slot, :, :], Vd_s[c % Vd_slots, :, :], S_f, transpose_A=True)
+                    T.barrier_arrive(Vd_read[c % Vd_slots])
                     T.barrier_arrive(consumed[slot])
                 if store_final_state:
                     T.copy(S_f, ht[bn, bh, 0:K, v0 : v0 + block_DV])
@@ -266,11 +267,11 @@ def chunk_fwd_ws_kernel(
                             T.fence_proxy_async()
                             T.gemm(A_s[slot, :, :], v_s[slot, :, :], Vn_f, clear_accum=True)
                         # Vd first: it is on the recurrence's critical path, Vnew_s for the output group is not
-                        T.barrier_wait(Vd_read, (c + 1) % 2)
+                        T.barrier_wait(Vd_read[c % Vd_slots], (c // Vd_slots + 1) % 2)
                         for i, j in T.Parallel(C, block_DV):
-                            Vd_s[i, j] = ed_s[slot, i] * (Vn_f[i, j] if delta else v_s[slot, i, j])
+                            Vd_s[c % Vd_slots, i, j] = ed_s[slot, i] * (Vn_f[i, j] if delta else v_s[slot, i, j])
                         T.fence_proxy_async()
-                        T.barrier_arrive(Vd_ready)
+                        T.barrier_arrive(Vd_ready[c % Vd_slots])
                         if Vn_shared:
                             n = c % Vn_slots
                             T.barrier_wait(Vn_read[n], (c // Vn_slots + 1) % 2)
@@ -331,11 +332,11 @@ def chunk_fwd_ws_kernel(
                     for c in T.serial(n_chunks):
                         slot = c % stages
                         T.barrier_wait(loaded[slot], (c // stages) % 2)
-                        T.barrier_wait(Vd_read, (c + 1) % 2)
+                        T.barrier_wait(Vd_read[c % Vd_slots], (c // Vd_slots + 1) % 2)
                         for i, j in T.Parallel(C, block_DV):
-                            Vd_s[i, j] = ed_s[slot, i] * v_s[slot, i, j]
+                            Vd_s[c % Vd_slots, i, j] = ed_s[slot, i] * v_s[slot, i, j]
                         T.fence_proxy_async()
-                        T.barrier_arrive(Vd_ready)
+                        T.barrier_arrive(Vd_ready[c % Vd_slots])
                         T.barrier_arrive(consumed[slot])
 
     return chunk_fwd_ws
@@ -346,13 +347,19 @@ def input_stages(K, block_DV, delta, store_output, channel=False):
     of chunk c + 2 then overlap chunk c + 1 even when the output group lags a chunk behind), else 2."""
     per_stage = 2 * CHUNK * (K * (1 + int(store_output)) + block_DV) + 4 * CHUNK * (1 if channel else 3)  # (gc, eg,) ed
     P_slots = 0 if channel else (2 if store_output and not delta else 1)  # one per output group
-    fixed = 2 * (2 * K * block_DV + CHUNK * block_DV + P_slots * CHUNK * CHUNK)  # S_s (two slots), Vd_s, P_s
+    fixed = 2 * (2 * K * block_DV + vd_slots(delta) * CHUNK * block_DV + P_slots * CHUNK * CHUNK)  # S_s, Vd_s, P_s
     if channel:
         per_stage += 2 * CHUNK * CHUNK * int(store_output) + 4 * K  # P, D
     if delta:
         per_stage += 2 * CHUNK * CHUNK + 4 * CHUNK  # A, beta
         fixed += 2 * CHUNK * block_DV * (2 if block_DV <= 64 else 1) * int(store_output)  # Vnew_s
     return 3 if 3 * per_stage + fixed <= SHARED_BYTES else 2
+
+
+def vd_slots(delta):
+    """Vd_s slots: two under the plain update (the writer scales chunk c + 1's V while the state group adds chunk
+    c's K^T Vd), one with the delta rule (shared memory; its Vd waits on the chain's A R anyway)."""
+    return 1 if delta else 2
 
 
 def dv_blocks(K):
@@ -366,28 +373,35 @@ def covers(K, V, gate, delta, dtype):
             and dtype in ("bfloat16", "float16"))
 
 
-# Chunk period of one CTA in us (H200, GDN, K = 128; `tilela bench --op state_pass`, 2026-11-30), by (K / DV block,
-# output group on). The pass is bound by each CTA's serial chain of chunks with one CTA per SM, so a launch takes
-# about waves x chunks x period. With the output group: K / 2 2.3 us and K 4.1 us (16-132 CTAs); K / 4 1.58 us at
-# 32 CTAs, 1.62 at 64 and 1.84-1.88 at 128 (state_pass-20261130T120417Z; its shorter products shorten the chain
-# more than its extra CTAs cost), taken at the full-GPU 1.86. Without the output group (the split's transitions) K / 2
-# runs its chain in 2.2 us at 128 CTAs (1.65 us at 16; the transitions fill the GPU, so the model takes 2.2), K in
-# ~4.2 us (not measured alone: fitted to the split's times); K / 4 not measured, so never picked there. Applied as
-# is to the other ladder levels and K = 64.
-CHUNK_US = {(2, True): 2.3, (1, True): 4.1, (4, True): 1.86, (2, False): 2.2, (1, False): 4.2}
+# Chunk period of one CTA in us (H200, K = 128), by (delta rule, K / DV block, output group on). The pass is bound
+# by each CTA's serial chain of chunks with one CTA per SM, so a launch takes about waves x chunks x period.
+# Delta rule (GDN; `tilela bench --op state_pass`, 2026-11-30): with the output group K / 2 2.3 us and K 4.1 us
+# (16-132 CTAs); K / 4 1.58 us at 32 CTAs, 1.62 at 64 and 1.84-1.88 at 128 (state_pass-20261130T120417Z; its shorter
+# products shorten the chain more than its extra CTAs cost), taken at the full-GPU 1.86. Without the output group
+# (the split's transitions, value [V | 0]) K / 2 runs its chain in 2.2 us at 128 CTAs (1.65 us at 16; the model takes
+# 2.2), K in ~4.2 us (fitted to the split's times); K / 4 not measured, so never picked there. Applied as is to
+# delta_rule and K = 64.
+# Plain update (levels 1-3; simple_gla's periods, linear_attn's are 5-20% shorter; benchmarks/NOTES.md, fifth
+# session): with the output group K / 4, K / 2, K from unsplit passes over 16-128 CTAs; without it (the split's
+# transitions, value V) and K with the output group at a full GPU fitted to split passes of 128-512 CTAs.
+CHUNK_US = {
+    (True, 4, True): 1.86, (True, 2, True): 2.3, (True, 1, True): 4.1, (True, 2, False): 2.2, (True, 1, False): 4.2,
+    (False, 4, True): 1.2, (False, 2, True): 1.65, (False, 1, True): 3.0,
+    (False, 4, False): 1.0, (False, 2, False): 1.2, (False, 1, False): 1.6,
+}
 
 
-def modelled_us(K, V, grid, chunks, block_DV, sms, store_output=True):
+def modelled_us(K, V, grid, chunks, block_DV, sms, store_output=True, delta=True):
     """Modelled time of one launch: waves of CTAs (grid = sequences x value heads) times the chunk chain."""
-    return math.ceil(grid * (V // block_DV) / sms) * chunks * CHUNK_US[(K // block_DV, store_output)]
+    return math.ceil(grid * (V // block_DV) / sms) * chunks * CHUNK_US[(delta, K // block_DV, store_output)]
 
 
-def default_block_DV(K, V, grid, sms=132, store_output=True):
+def default_block_DV(K, V, grid, sms=132, store_output=True, delta=True):
     """The DV block (of dv_blocks(K), 32 columns or more, with a measured chunk period) of least modelled time for
     grid = sequences x value heads on sms SMs; the larger block on a tie (the q/k loads and Q K^T once per block).
     With the output group and K = 128 that is K / 4 up to sms / 4 CTAs (measured: GDN 1x8192, 8 and 32 value heads,
     0.202 and 0.236 ms at K / 4 against 0.298 and 0.312 at K / 2), K / 2 up to sms / 2 and K up to sms (measured:
     GDN 1x32768 h16/32, 32 CTAs, 1.30 ms at K / 2 against 1.86 ms at K); past one wave the wave count decides (a
     model, not measured there).  V > K only in the sequence split's transitions (V = 2K: the [V | 0] value)."""
-    blocks = [block for block in dv_blocks(K) if block >= 32 and (K // block, store_output) in CHUNK_US]
-    return min(blocks, key=lambda block: modelled_us(K, V, grid, 1, block, sms, store_output))
+    blocks = [block for block in dv_blocks(K) if block >= 32 and (delta, K // block, store_output) in CHUNK_US]
+    return min(blocks, key=lambda block: modelled_us(K, V, grid, 1, block, sms, store_output, delta))

@@ -6,26 +6,31 @@ parallelism, done exactly). Mirrors reference layer E (reference.seq_split):
                   entering state to [0 | I] (a K x (V + K) state): its final state is [B | M]. Without the delta
                   rule M = exp(sum of g over the segment) I, a scalar per segment and head (1 without a gate), so
                   the pass runs on V from a zero state for B alone
-  2. entering     S_in(0) = the sequence's initial state (or 0), S_in(j + 1) = M_j S_in(j) + B_j, fp32, one batched
-                  product (or scaling) per segment index over all sequences and heads
-  3. outputs      the state/output pass over the segments as one varlen batch from the entering states; a sequence's
-                  final state is that of its last segment
+  2. entering     S_in(0) = the sequence's initial state (or 0), S_in(j + 1) = M_j S_in(j) + B_j, fp32: under the
+                  plain update one launch of seq_combine.py (per sequence and value head, serial over its
+                  segments, m_j summed from the gate there; it also gives the final states); with the delta rule
+                  one batched product per segment index over all sequences and heads (torch.baddbmm)
+  3. outputs      the state/output pass over the segments as one varlen batch from the entering states; with the
+                  delta rule a sequence's final state is that of its last segment
 
 Segments begin at chunk boundaries of their sequence, so the chunk-local gc and A are those of the unsplit call. An
-empty sequence keeps one empty segment (its final state is its initial state). The segment tables come from the
-plan's host lengths in one non-blocking copy (built on the device inside a CUDA-graph capture), so nothing
-synchronises with the host.
+empty sequence keeps one empty segment (its final state is its initial state). The segment table comes from the
+plan's host lengths in one non-blocking copy from pinned memory (a copy node inside a CUDA-graph capture), so
+nothing synchronises with the host: under the plain update the split is four launches (copy, transitions, combine,
+outputs).
 
 The passes are given as `state_pass(q, k, v, g_cumsum, beta, A, scale, h0, cu_seqlens, store_output,
-store_final_state) -> (o, ht)` (varlen layout, initial state in): the TileLang pass on the GPU, any other
-implementation of the same contract elsewhere. The transitions' pass leaves o unwritten (its buffer is still
-allocated: the kernel's launch contract fixes o's shape). The combine runs torch.baddbmm in fp32, so it honours a
+store_final_state) -> (o, ht)` (varlen layout, initial state in or None): the TileLang pass on the GPU, any other
+implementation of the same contract elsewhere; the plain update's combine likewise (entering_states on the GPU,
+reference.entering_states elsewhere). The transitions' pass leaves o unwritten (its buffer is still allocated: the
+kernel's launch contract fixes o's shape). The delta rule's combine runs torch.baddbmm in fp32, so it honours a
 caller's TF32 setting (PyTorch's default keeps it off).
 """
 
 import functools
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -58,17 +63,20 @@ class SegmentPlan:
 
 
 # Cost model of the split, on the warp-specialised pass's measured chunk periods (chunk_fwd_ws.CHUNK_US), plus what
-# the split adds around its two launches: a fixed cost for its small copy and gather launches and one batched
-# product per combine step. The H200's split times (benchmarks/NOTES.md, 2026-11-30) gave 0.11 ms fixed when the
-# segment tables still took ~15 launches on the device; 0.07 ms is that fit less those launches, not yet measured.
-SPLIT_FIXED_MS = 0.07
-COMBINE_STEP_MS = 0.005
+# the split adds around its passes, by update rule (delta rule True): a fixed cost (launches, the table's copy, the
+# gaps between launches) and a cost per combine step (segments of the longest sequence). Delta rule: the H200's
+# split times (benchmarks/NOTES.md, 2026-11-30) gave 0.11 ms fixed when the segment tables still took ~15 launches;
+# 0.07 ms is that fit less those launches, and one batched product per step. Plain update: fitted to split passes of
+# levels 1-2 at T 8192 and 32768 (NOTES, fifth session): the copy, the combine launch and the launch gaps; its steps
+# are a pipelined multiply-add each.
+SPLIT_FIXED_MS = {True: 0.07, False: 0.015}
+COMBINE_STEP_MS = {True: 0.005, False: 0.0005}
 SEGMENT_CHUNKS = (8, 16, 32, 64, 128, 256)
 
 
-def _pass_ms(K: int, V: int, grid: int, chunks: int, sms: int, store_output: bool) -> float:
-    block = default_block_DV(K, V, grid, sms, store_output)
-    return 1e-3 * modelled_us(K, V, grid, chunks, block, sms, store_output)
+def _pass_ms(K: int, V: int, grid: int, chunks: int, sms: int, store_output: bool, delta: bool) -> float:
+    block = default_block_DV(K, V, grid, sms, store_output, delta)
+    return 1e-3 * modelled_us(K, V, grid, chunks, block, sms, store_output, delta)
 
 
 def modelled_ms(lengths, heads: int, sms: int, plan: SegmentPlan | None, K: int = 128, delta: bool = True) -> float:
@@ -77,11 +85,12 @@ def modelled_ms(lengths, heads: int, sms: int, plan: SegmentPlan | None, K: int 
     block chunk_fwd_ws.default_block_DV picks for it."""
     longest = max((math.ceil(n / CHUNK) for n in lengths), default=0)
     if plan is None:
-        return _pass_ms(K, K, len(lengths) * heads, longest, sms, True)
+        return _pass_ms(K, K, len(lengths) * heads, longest, sms, True, delta)
     chain = min(plan.segment_chunks, longest)
     grid = plan.num_segments * heads
-    return (_pass_ms(K, 2 * K if delta else K, grid, chain, sms, False) + _pass_ms(K, K, grid, chain, sms, True)
-            + SPLIT_FIXED_MS + (plan.max_per_sequence - 1) * COMBINE_STEP_MS)
+    return (_pass_ms(K, 2 * K if delta else K, grid, chain, sms, False, delta)
+            + _pass_ms(K, K, grid, chain, sms, True, delta)
+            + SPLIT_FIXED_MS[delta] + (plan.max_per_sequence - 1) * COMBINE_STEP_MS[delta])
 
 
 def auto_plan(lengths, heads: int, sms: int, K: int = 128, delta: bool = True,
@@ -91,7 +100,7 @@ def auto_plan(lengths, heads: int, sms: int, K: int = 128, delta: bool = True,
     per-channel transitions the split does not take). The margin covers what
     the model leaves out: when the transitions fill the GPU several waves deep their chunk period grows (shared
     bandwidth). With margin 0.8 and the chunk periods of chunk_fwd_ws.CHUNK_US the model agrees with every split
-    and unsplit pass the H200 has timed (benchmarks/NOTES.md, 2026-11-30)."""
+    and unsplit pass the H200 has timed (benchmarks/NOTES.md, 2026-11-30 and fifth session)."""
     longest = max((math.ceil(n / CHUNK) for n in lengths), default=0)
     best, best_ms = None, margin * modelled_ms(lengths, heads, sms, None, K, delta)
     for segment_chunks in SEGMENT_CHUNKS:
@@ -104,108 +113,114 @@ def auto_plan(lengths, heads: int, sms: int, K: int = 128, delta: bool = True,
     return best
 
 
-def segment_table(cu_seqlens: torch.Tensor | None, plan: SegmentPlan, device: torch.device):
-    """(cu_segments int32 [S + 1], slot int64 [S], last int64 [N]) on the device: the segments' token boundaries;
-    segment s, the j-th of sequence n, at slot j * N + n of the combine's [P, N] grid (P = plan.max_per_sequence);
-    each sequence's last segment. cu_seqlens: the call's boundaries (None for a dense batch).
+class SegmentTable(NamedTuple):
+    """A plan's segments as index tensors (int32): cu_segments [S + 1] the segments' token boundaries (the passes'
+    varlen layout); first [N + 1]: sequence n's segments are first[n] to first[n + 1] - 1; slot [S]: segment s, the
+    j-th of sequence n, at slot j * N + n of the delta rule's [P, N] combine grid (P = plan.max_per_sequence);
+    last [N]: each sequence's last segment."""
 
-    On a GPU the table comes from plan.lengths in one non-blocking copy from pinned memory (cached per plan and
-    device), except while a CUDA graph is being captured: then it is computed from cu_seqlens on the device, so
-    the graph owns every table it reads."""
-    if device.type == "cuda" and not torch.cuda.is_current_stream_capturing():
-        return _pinned_table(plan, device, torch.cuda.current_stream(device).cuda_stream)
-    if cu_seqlens is None:  # a dense batch: equal lengths (built on the device: no host copy inside a capture)
-        cu_seqlens = torch.arange(len(plan.lengths) + 1, device=device) * plan.lengths[0]
-    cu = cu_seqlens.long()
-    N = cu.shape[0] - 1
-    tokens = CHUNK * plan.segment_chunks
-    count = torch.clamp((cu[1:] - cu[:-1] + tokens - 1) // tokens, min=1)
-    ends = torch.cumsum(count, 0)
-    first = ends - count
-    seg = torch.arange(plan.num_segments, device=cu.device)
-    seq = torch.searchsorted(ends, seg, right=True)
-    j = seg - first[seq]
-    cu_segments = torch.cat([cu[seq] + j * tokens, cu[-1:]]).to(torch.int32)
-    return cu_segments, j * N + seq, ends - 1
+    cu_segments: torch.Tensor
+    first: torch.Tensor
+    slot: torch.Tensor
+    last: torch.Tensor
 
 
-def host_table(plan: SegmentPlan) -> tuple[list[int], list[int], list[int]]:
-    """segment_table's three tables as host lists, from plan.lengths."""
+def host_table(plan: SegmentPlan) -> tuple[list[int], ...]:
+    """The SegmentTable's four tensors as host lists, from plan.lengths."""
     tokens, N = CHUNK * plan.segment_chunks, len(plan.lengths)
-    starts, slots, last, bos = [], [], [], 0
+    starts, first, slots, last, bos = [], [0], [], [], 0
     for n, length in enumerate(plan.lengths):
         count = max(1, math.ceil(length / tokens))
         starts += [bos + j * tokens for j in range(count)]
         slots += [j * N + n for j in range(count)]
+        first.append(len(slots))
         last.append(len(slots) - 1)
         bos += length
-    return starts + [bos], slots, last
+    return starts + [bos], first, slots, last
+
+
+def segment_table(plan: SegmentPlan, device: torch.device) -> SegmentTable:
+    """The plan's SegmentTable on the device. On a GPU it comes in one non-blocking copy from pinned memory (cached
+    per plan, device and stream; inside a CUDA-graph capture the copy is a node of the graph, reading the plan's
+    pinned host table, which lives as long as the process), so nothing synchronises with the host."""
+    if device.type != "cuda":
+        return _views(torch.tensor(sum(host_table(plan), []), dtype=torch.int32, device=device), plan)
+    if torch.cuda.is_current_stream_capturing():
+        return _views(_pinned(plan).to(device, non_blocking=True), plan)
+    return _device_table(plan, device, torch.cuda.current_stream(device).cuda_stream)
+
+
+def _views(table: torch.Tensor, plan: SegmentPlan) -> SegmentTable:
+    S, N = plan.num_segments, len(plan.lengths)
+    return SegmentTable(*table.split([S + 1, N + 1, S, N]))
+
+
+@functools.cache
+def _pinned(plan: SegmentPlan) -> torch.Tensor:
+    """host_table in one pinned int32 tensor (never freed: a captured graph's copy reads it on every replay)."""
+    return torch.tensor(sum(host_table(plan), []), dtype=torch.int32).pin_memory()
 
 
 @functools.lru_cache(maxsize=64)
-def _pinned_table(plan: SegmentPlan, device: torch.device, stream: int):
-    """host_table on the device, per plan, device and stream (the copy is ordered on the stream that reads it)."""
-    cu_segments, slots, last = host_table(plan)
-    table = torch.tensor(cu_segments + slots + last, dtype=torch.int64).pin_memory().to(device, non_blocking=True)
-    S = plan.num_segments
-    return table[: S + 1].to(torch.int32), table[S + 1 : 2 * S + 1], table[2 * S + 1 :]
+def _device_table(plan: SegmentPlan, device: torch.device, stream: int) -> SegmentTable:
+    """segment_table outside a capture, per plan, device and stream (the copy is ordered on the stream that reads
+    it)."""
+    return _views(_pinned(plan).to(device, non_blocking=True), plan)
 
 
-def split_forward(state_pass, q, k, v, g_cumsum, beta, A, scale, initial_state, output_final_state, cu_seqlens,
+def entering_states(B_seg, g_cumsum, cu_segments, first, h0):
+    """Step 2 under the plain update on the GPU (seq_combine.py): (S_in [S, HV, K, V], final [N, HV, K, V]) fp32
+    from the transitions' states B_seg [S, HV, K, V] fp32, the chunk-local cumsum of a scalar gate g_cumsum
+    [1, T, HV] fp32 (or None), the table's cu_segments and first (int32) and h0 [N, HV, K, V] (or None)."""
+    from . import _placeholder, compiled
+    from .seq_combine import seq_combine_kernel
+
+    S, HV, K, V = B_seg.shape
+    S_in = torch.empty_like(B_seg)
+    final = B_seg.new_empty(first.shape[0] - 1, HV, K, V)
+    kernel = compiled(seq_combine_kernel, K, V, "none" if g_cumsum is None else "scalar", h0 is not None)
+    kernel(B_seg, _placeholder(B_seg.device, torch.float32) if g_cumsum is None else g_cumsum, cu_segments, first,
+           final if h0 is None else h0.float().contiguous(), S_in, final)
+    return S_in, final
+
+
+def split_forward(state_pass, combine, q, k, v, g_cumsum, beta, A, scale, initial_state, output_final_state,
                   plan: SegmentPlan):
     """The state/output pass of the unsplit call ((o [B,T,HV,V], final state [N,HV,K,V] fp32 or None)), computed
     segment-parallel; arguments as kernels.hopper.chunk_fwd.chunk_forward. plan must be SegmentPlan.of(the
     call's sequence lengths): the device-side tables cannot check it without a host synchronisation.
 
-    The combine walks the [P, N] slot grid: step j is one batched fp32 product over the N sequences and HV heads,
-    S_in[j + 1] = M[j] S_in[j] + B[j] (a scaling without the delta rule); a sequence with fewer than P segments has
-    M = B = 0 in its empty slots, whose entering states are never read."""
+    Plain update: the transitions' pass from a zero state gives B, combine(B, g_cumsum, cu_segments, first, h0) ->
+    (S_in, final) the entering and final states (entering_states on the GPU), the outputs'
+    pass runs from S_in. Delta rule: the transitions' pass on [V | 0] from [0 | I] gives [B | M], and the combine
+    walks the [P, N] slot grid: step j is one batched fp32 product over the N sequences and HV heads,
+    S_in[j + 1] = M[j] S_in[j] + B[j]; a sequence with fewer than P segments has M = B = 0 in its empty slots,
+    whose entering states are never read."""
     B, Tn, HV, V = v.shape
     K = q.shape[-1]
     flat = lambda x: None if x is None else x.reshape(1, B * Tn, *x.shape[2:])  # noqa: E731
     q1, k1, v1, g1, beta1, A1 = map(flat, (q, k, v, g_cumsum, beta, A))
-    N, P = len(plan.lengths), plan.max_per_sequence
-    cu_seg, slot, last = segment_table(cu_seqlens, plan, v.device)
+    table = segment_table(plan, v.device)
+    if A is None:
+        _, B_seg = state_pass(q1, k1, v1, g1, beta1, A1, scale, None, table.cu_segments, False, True)
+        S_in, final = combine(B_seg, g1, table.cu_segments, table.first, initial_state)
+        o, _ = state_pass(q1, k1, v1, g1, beta1, A1, scale, S_in, table.cu_segments, True, False)
+        return o.view(B, Tn, HV, V), (final if output_final_state else None)
 
+    N, P = len(plan.lengths), plan.max_per_sequence
+    slot = table.slot.long()
     batched = lambda x, j: x[j * N : (j + 1) * N].view(N * HV, K, x.shape[-1])  # noqa: E731
-    if A is None:  # plain update: M is exp(the segment's log decay) I, B the pass from zero
-        h_zero = torch.zeros(plan.num_segments, HV, K, V, device=v.device, dtype=torch.float32)
-        _, B_seg = state_pass(q1, k1, v1, g1, beta1, A1, scale, h_zero, cu_seg, False, True)
-        B_slot = B_seg.new_zeros(P * N, HV, K, V).index_copy_(0, slot, B_seg)
-        decay = segment_decay(g1, cu_seg, plan.num_segments, HV).to(B_seg.dtype)
-        m_slot = decay.new_zeros(P * N, HV).index_copy_(0, slot, decay).view(P * N * HV, 1, 1)
-        S_slot = torch.empty_like(B_slot)
-    else:
-        v_ext = torch.cat([v1, v1.new_zeros(1, B * Tn, HV, K)], dim=-1)
-        h_ext = torch.zeros(plan.num_segments, HV, K, V + K, device=v.device, dtype=torch.float32)
-        h_ext[..., V:].diagonal(dim1=-2, dim2=-1).fill_(1.0)
-        _, BM = state_pass(q1, k1, v_ext, g1, beta1, A1, scale, h_ext, cu_seg, False, True)
-        BM_slot = BM.new_zeros(P * N, HV, K, V + K).index_copy_(0, slot, BM)
-        B_slot, M_slot = BM_slot[..., :V], BM_slot[..., V:]
-        S_slot = B_slot.new_empty(P * N, HV, K, V)
+    v_ext = torch.cat([v1, v1.new_zeros(1, B * Tn, HV, K)], dim=-1)
+    h_ext = torch.zeros(plan.num_segments, HV, K, V + K, device=v.device, dtype=torch.float32)
+    h_ext[..., V:].diagonal(dim1=-2, dim2=-1).fill_(1.0)
+    _, BM = state_pass(q1, k1, v_ext, g1, beta1, A1, scale, h_ext, table.cu_segments, False, True)
+    BM_slot = BM.new_zeros(P * N, HV, K, V + K).index_copy_(0, slot, BM)
+    B_slot, M_slot = BM_slot[..., :V], BM_slot[..., V:]
+    S_slot = B_slot.new_empty(P * N, HV, K, V)
     S_slot[:N] = 0 if initial_state is None else initial_state
     for j in range(P - 1):
-        if A is None:
-            torch.addcmul(batched(B_slot, j), m_slot[j * N * HV : (j + 1) * N * HV], batched(S_slot, j),
-                          out=batched(S_slot, j + 1))
-        else:
-            torch.baddbmm(batched(B_slot, j), batched(M_slot, j), batched(S_slot, j), out=batched(S_slot, j + 1))
-
-    o, ht = state_pass(q1, k1, v1, g1, beta1, A1, scale, S_slot[slot], cu_seg, True, bool(output_final_state))
-    final = ht[last] if output_final_state else None
+        torch.baddbmm(batched(B_slot, j), batched(M_slot, j), batched(S_slot, j), out=batched(S_slot, j + 1))
+    o, ht = state_pass(q1, k1, v1, g1, beta1, A1, scale, S_slot[slot], table.cu_segments, True,
+                       bool(output_final_state))
+    final = ht[table.last.long()] if output_final_state else None
     return o.view(B, Tn, HV, V), final
-
-
-def segment_decay(g_cumsum, cu_segments: torch.Tensor, num_segments: int, HV: int) -> torch.Tensor:
-    """exp(sum of the log gate over each segment) [S, HV] fp32, from the chunk-local cumsum [1, T, HV] (its value at
-    each chunk's last token is the chunk's sum), or ones without a gate."""
-    if g_cumsum is None:
-        return torch.ones(num_segments, HV, device=cu_segments.device)
-    Tn = g_cumsum.shape[1]
-    cu = cu_segments.long()
-    t = torch.arange(Tn, device=cu.device)
-    seg = torch.searchsorted(cu[1:], t, right=True)
-    chunk_end = ((t - cu[seg] + 1) % CHUNK == 0) | (t + 1 == cu[seg + 1])
-    log_decay = g_cumsum.new_zeros(num_segments, HV, dtype=torch.float32)
-    log_decay.index_add_(0, seg, torch.where(chunk_end[:, None], g_cumsum[0].float(), 0.0))
-    return log_decay.exp()
