@@ -40,10 +40,12 @@ LEVELS = {  # name: (gate, delta rule)
     "kda": ("channel", True),
     "kda_pipeline": ("channel", True),  # gc and A from our cumsum and per-channel kkt_solve kernels
 }
-CASES = {  # a varlen and a dense layout per level
+CASES = {  # a varlen and two dense layouts per level
     "varlen_128_bf16": dict(B=1, T=300, H=2, HV=4, K=128, dtype=torch.bfloat16,
                             cu_seqlens=[0, 1, 65, 66, 130, 200, 263, 300]),
     "dense_64_fp16_no_h0": dict(B=2, T=150, H=1, HV=2, K=64, dtype=torch.float16, use_h0=False),
+    # two sequence-heads: the warp-specialised pass's smallest DV blocks (K / 4; K / 8 for delta_rule)
+    "dense_128_bf16_two_heads": dict(B=1, T=200, H=1, HV=2, K=128, dtype=torch.bfloat16),
 }
 
 

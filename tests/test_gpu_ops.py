@@ -64,7 +64,7 @@ def test_gdn_against_float64_reference(lengths, B, h_qk, h_v, dim, dtype, gate, 
     assert rel_l2(S, ref_S) < 1e-2
 
 
-# a layout auto_plan splits over 4 value heads, with and without the delta rule (tests/test_seq_split.py checks it)
+# a layout auto_plan splits over 4 value heads for GDN and simple_gla (tests/test_seq_split.py checks it)
 SPLIT_LAYOUT = (10000, 1, 190)
 
 
@@ -80,7 +80,8 @@ def test_ops_capture_in_a_cuda_graph(op, lengths, h_v, splits):
     from tilela.kernels.hopper.seq_split import auto_plan
 
     delta = op == "chunk_gated_delta_rule"
-    assert (auto_plan(lengths, h_v, multiprocessors(torch.device("cuda")), 128, delta) is not None) == splits
+    plan = auto_plan(lengths, h_v, multiprocessors(torch.device("cuda")), 128, "scalar", delta)
+    assert (plan is not None) == splits
     dense = len(lengths) == 1
     x = make(None if dense else lengths, 1, 2, h_v, 128, torch.bfloat16, "mixed", seed=3, T=sum(lengths))
     dev = {n: None if t is None else t.cuda() for n, t in x.items()}
@@ -170,13 +171,13 @@ def _ladder_op_against_reference(op, x, g, delta):
 @pytest.mark.parametrize("op,gate,delta", [("chunk_linear_attn", None, False), ("chunk_simple_gla", "scalar", False),
                                            ("chunk_delta_rule", None, True)])
 def test_ladder_ops_split_long_sequences(op, gate, delta):
-    """Levels 1, 2 and 4 on a layout auto_plan splits (a 10000-token sequence over 4 heads): the plain update's
-    transitions (B from a zero state, M the segment's decay) and the delta rule's ([B | M])."""
+    """Levels 1, 2 and 4 on a layout auto_plan splits (a 30000-token sequence over 4 heads): the plain update's
+    transitions (B from a zero state) and combine kernel, and the delta rule's ([B | M])."""
     from tilela.kernels.hopper import multiprocessors
     from tilela.kernels.hopper.seq_split import auto_plan
 
-    lengths = SPLIT_LAYOUT
-    assert auto_plan(lengths, 4, multiprocessors(torch.device("cuda")), 128, delta) is not None
+    lengths = (30000, 1, 190)
+    assert auto_plan(lengths, 4, multiprocessors(torch.device("cuda")), 128, gate or "none", delta) is not None
     x = make(lengths, 1, 4, 4, 128, torch.bfloat16, "mixed", seed=11)
     _ladder_op_against_reference(op, x, x["g"] if gate else None, delta)
 

@@ -33,6 +33,16 @@ def test_ws_block_without_output_group(grid, block):
     assert chunk_fwd_ws.default_block_DV(128, 256, grid, 132, store_output=False) == block
 
 
+@pytest.mark.parametrize("K,grid,rule,block", [
+    (128, 16, "delta", 16), (128, 17, "delta", 32), (128, 16, "gdn", 32),  # K / 8 measured for delta_rule alone
+    (64, 8, "delta", 32),  # 16 columns only at K = 128
+    (128, 33, "plain", 32), (128, 34, "plain", 64), (128, 66, "plain", 64), (128, 67, "plain", 128),
+])
+def test_ws_block_by_update_rule(K, grid, rule, block):
+    """Each update rule at its own chunk periods: the ungated delta rule takes K / 8 blocks up to one wave."""
+    assert chunk_fwd_ws.default_block_DV(K, K, grid, 132, rule=rule) == block
+
+
 def _inputs(K):
     q = torch.zeros(1, 64, 1, K, dtype=torch.bfloat16)
     return q, q, q.clone(), torch.zeros(1, 64, 1), torch.zeros(1, 64, 1), torch.zeros(1, 64, 1, 64)

@@ -38,23 +38,26 @@ def test_segment_plan_rejects_empty_segments():
         SegmentPlan.of([100], 0)
 
 
-@pytest.mark.parametrize("lengths,heads,delta,segment_chunks", [
-    ([32768], 8, True, 64),  # 32 CTAs of K / 4 for 512 chunks: 8 segments, modelled 0.52 against 0.95 ms
-    ([32768], 16, True, None),  # 64 CTAs of K / 4: the split's gain stays within the margin
-    ([32768], 32, True, None),  # the split's extra pass outweighs what the extra CTAs bring
-    ([8192], 8, True, None),
-    ([32768], 16, False, 64),  # the plain update's transitions are cheaper: V alone
-    ([8192], 16, False, 16),  # ladder levels 1-2: split at 16 heads, not at 32
-    ([8192], 32, False, None),
-    ([10000, 1, 190], 4, True, 16),  # the layouts the GPU tests split (tests/test_gpu_ops.py)
-    ([10000, 1, 190], 4, False, 8),
-    ([8192], 4, True, 16),
-    ([2048], 8, True, None),
-    ([28672, 4096], 8, True, 64),
-    ([1024] * 8, 8, True, None),
+@pytest.mark.parametrize("lengths,heads,gate,delta,segment_chunks", [
+    ([32768], 8, "scalar", True, 64),  # GDN, 32 CTAs of K / 4 for 512 chunks: 8 segments, 0.52 against 0.95 ms
+    ([32768], 16, "scalar", True, None),  # 64 CTAs of K / 4: the split's gain stays within the margin
+    ([32768], 32, "scalar", True, None),  # the split's extra pass outweighs what the extra CTAs bring
+    ([8192], 8, "scalar", True, None),
+    ([32768], 16, "scalar", False, 64),  # the plain update's transitions are cheaper: V alone
+    ([8192], 16, "none", False, 16),  # ladder levels 1-2: split at 16 heads, not at 32
+    ([8192], 32, "scalar", False, None),
+    ([10000, 1, 190], 4, "scalar", True, 16),  # the layouts the GPU tests split (tests/test_gpu_ops.py)
+    ([10000, 1, 190], 4, "scalar", False, 8),
+    ([30000, 1, 190], 4, "none", True, 16),
+    ([10000, 1, 190], 4, "none", True, None),  # delta_rule: K / 8 blocks fill the GPU unsplit
+    ([32768], 16, "none", True, None),
+    ([8192], 4, "scalar", True, 16),
+    ([2048], 8, "scalar", True, None),
+    ([28672, 4096], 8, "scalar", True, 64),
+    ([1024] * 8, 8, "scalar", True, None),
 ])
-def test_auto_plan_splits_only_long_sequences_on_small_grids(lengths, heads, delta, segment_chunks):
-    plan = auto_plan(lengths, heads, 132, 128, delta)
+def test_auto_plan_splits_only_long_sequences_on_small_grids(lengths, heads, gate, delta, segment_chunks):
+    plan = auto_plan(lengths, heads, 132, 128, gate, delta)
     assert (plan and plan.segment_chunks) == segment_chunks
     if plan is not None:
         assert plan == SegmentPlan.of(lengths, segment_chunks)
@@ -64,20 +67,21 @@ def test_modelled_split_time_adds_both_passes_and_the_combine():
     plan = SegmentPlan.of([32768], 64)
     # transitions (state alone, V = 2K): the faster of 64 sequence-heads x 4 DV blocks of K / 2 (two waves of 132
     # SMs) and 128 CTAs of K (one wave); outputs: 128 CTAs of K / 2, one wave
-    transitions = min(2 * 64 * CHUNK_US[(True, 2, False)], 64 * CHUNK_US[(True, 1, False)])
-    expected = (transitions + 64 * CHUNK_US[(True, 2, True)]) * 1e-3 + SPLIT_FIXED_MS[True] + 7 * COMBINE_STEP_MS[True]
+    transitions = min(2 * 64 * CHUNK_US[("gdn", 2, False)], 64 * CHUNK_US[("gdn", 1, False)])
+    expected = (transitions + 64 * CHUNK_US[("gdn", 2, True)]) * 1e-3 + SPLIT_FIXED_MS[True] + 7 * COMBINE_STEP_MS[True]
     assert modelled_ms([32768], 8, 132, plan) == pytest.approx(expected)
     # unsplit: 32 CTAs of K / 4
-    assert modelled_ms([32768], 8, 132, None) == pytest.approx(512 * CHUNK_US[(True, 4, True)] * 1e-3)
+    assert modelled_ms([32768], 8, 132, None) == pytest.approx(512 * CHUNK_US[("gdn", 4, True)] * 1e-3)
 
 
 def test_modelled_split_without_delta_rule_runs_transitions_on_V_alone():
     plan = SegmentPlan.of([32768], 64)
     # transitions: 64 sequence-heads x 2 DV blocks of K / 2 (one wave), outputs likewise, at the plain update's
     # own periods and split costs
-    expected = (64 * (CHUNK_US[(False, 2, False)] + CHUNK_US[(False, 2, True)]) * 1e-3 + SPLIT_FIXED_MS[False]
+    expected = (64 * (CHUNK_US[("plain", 2, False)] + CHUNK_US[("plain", 2, True)]) * 1e-3 + SPLIT_FIXED_MS[False]
                 + 7 * COMBINE_STEP_MS[False])
     assert modelled_ms([32768], 8, 132, plan, delta=False) == pytest.approx(expected)
+    assert modelled_ms([32768], 8, 132, plan, gate="none", delta=False) == pytest.approx(expected)  # any gate
 
 
 def test_entering_states_decay_by_the_gate_summed_over_each_segment():

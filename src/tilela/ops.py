@@ -78,7 +78,7 @@ def _split_plan(hopper, v, g_kind, delta, dims):
                                                                  hopper.DTYPES[v.dtype]):
         return None
     lengths = [eos - bos for bos, eos in dims.seq_bounds]
-    return seq_split.auto_plan(lengths, dims.HV, hopper.multiprocessors(v.device), dims.K, delta)
+    return seq_split.auto_plan(lengths, dims.HV, hopper.multiprocessors(v.device), dims.K, g_kind, delta)
 
 
 def _hopper_attention(hopper, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,

@@ -90,13 +90,13 @@ def _try_import(name):
         return None
 
 
-def split_plan(lengths: list[int], v: torch.Tensor, K: int, delta: bool = True):
+def split_plan(lengths: list[int], v: torch.Tensor, K: int, gate: str = "scalar", delta: bool = True):
     """The sequence split the public ops plan for these sequence lengths and v's value heads and device
     (kernels.hopper.seq_split.auto_plan), or None."""
     from tilela.kernels import hopper
     from tilela.kernels.hopper.seq_split import auto_plan
 
-    return auto_plan(lengths, v.shape[2], hopper.multiprocessors(v.device), K, delta)
+    return auto_plan(lengths, v.shape[2], hopper.multiprocessors(v.device), K, gate, delta)
 
 
 def ours_unsplit(x: dict[str, Any], lengths: list[int], K: int) -> torch.Tensor | None:
@@ -106,7 +106,8 @@ def ours_unsplit(x: dict[str, Any], lengths: list[int], K: int) -> torch.Tensor 
     from tilela import ops
     from tilela.kernels import hopper
 
-    if split_plan(lengths, x["v"], K, delta=x.get("beta") is not None) is None:
+    gate = "none" if x.get("g") is None else "scalar"
+    if split_plan(lengths, x["v"], K, gate, delta=x.get("beta") is not None) is None:
         return None
     o, _ = ops._hopper_attention(hopper, x["q"], x["k"], x["v"], x.get("g"), x.get("beta"), K**-0.5,
                                  x["initial_state"], True, x.get("cu_seqlens"), segments=None)

@@ -283,7 +283,8 @@ def _ws_state_pass(q, k, v, g_cumsum, beta, A, scale, h0, cu_seqlens, store_outp
     """The warp-specialised pass in the sequence split's contract (varlen, initial state in)."""
     static = _static(q, v, g_cumsum, beta, A, scale, h0, store_final_state, cu_seqlens)
     block_DV = chunk_fwd_ws.default_block_DV(q.shape[3], v.shape[3], (cu_seqlens.shape[0] - 1) * v.shape[2],
-                                             multiprocessors(v.device), store_output, A is not None)
+                                             multiprocessors(v.device), store_output,
+                                             chunk_fwd_ws.update_rule(static[3], static[4]))
     kernel = compiled(chunk_fwd_ws.chunk_fwd_ws_kernel, *static, block_DV, store_output, warp_specialized=True)
     return _launch(kernel, q, k, v, g_cumsum, beta, A, h0, store_final_state, cu_seqlens)
 
@@ -334,7 +335,7 @@ def chunk_forward(
     if ws and kernel != "loop":
         N = v.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
         block_DV = block_DV or chunk_fwd_ws.default_block_DV(K, V, N * v.shape[2], multiprocessors(v.device),
-                                                             delta=delta)
+                                                             rule=chunk_fwd_ws.update_rule(gate, delta))
         compiled_kernel = compiled(chunk_fwd_ws.chunk_fwd_ws_kernel, *static, block_DV, True, warp_specialized=True)
         if gate == "channel":  # the state-independent factors first, in the q, k, A and g slots (chunk_fwd_ws.py)
             q, k, A, g_cumsum = gla_factors(q, k, g_cumsum, scale, cu_seqlens, cumsum=not g_is_cumsum)

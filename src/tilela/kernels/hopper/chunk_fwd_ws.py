@@ -373,35 +373,48 @@ def covers(K, V, gate, delta, dtype):
             and dtype in ("bfloat16", "float16"))
 
 
-# Chunk period of one CTA in us (H200, K = 128), by (delta rule, K / DV block, output group on). The pass is bound
+def update_rule(gate, delta):
+    """The chunk-period table's key for a configuration: "gdn" (delta rule, gated), "delta" (delta rule, no gate)
+    or "plain" (every gate)."""
+    return ("gdn" if gate != "none" else "delta") if delta else "plain"
+
+
+# Chunk period of one CTA in us (H200, K = 128), by (update rule, K / DV block, output group on). The pass is bound
 # by each CTA's serial chain of chunks with one CTA per SM, so a launch takes about waves x chunks x period.
-# Delta rule (GDN; `tilela bench --op state_pass`, 2026-11-30): with the output group K / 2 2.3 us and K 4.1 us
-# (16-132 CTAs); K / 4 1.58 us at 32 CTAs, 1.62 at 64 and 1.84-1.88 at 128 (state_pass-20261130T120417Z; its shorter
-# products shorten the chain more than its extra CTAs cost), taken at the full-GPU 1.86. Without the output group
-# (the split's transitions, value [V | 0]) K / 2 runs its chain in 2.2 us at 128 CTAs (1.65 us at 16; the model takes
-# 2.2), K in ~4.2 us (fitted to the split's times); K / 4 not measured, so never picked there. Applied as is to
-# delta_rule and K = 64.
-# Plain update (levels 1-3; simple_gla's periods, linear_attn's are 5-20% shorter; benchmarks/NOTES.md, fifth
-# session): with the output group K / 4, K / 2, K from unsplit passes over 16-128 CTAs; without it (the split's
-# transitions, value V) and K with the output group at a full GPU fitted to split passes of 128-512 CTAs.
+# GDN (`tilela bench --op state_pass`, 2026-11-30): with the output group K / 2 2.3 us and K 4.1 us (16-132 CTAs);
+# K / 4 1.58 us at 32 CTAs, 1.62 at 64 and 1.84-1.88 at 128 (state_pass-20261130T120417Z; its shorter products
+# shorten the chain more than its extra CTAs cost), taken at the full-GPU 1.86. Without the output group (the
+# split's transitions, value [V | 0]) K / 2 runs its chain in 2.2 us at 128 CTAs (1.65 us at 16; the model takes
+# 2.2), K in ~4.2 us (fitted to the split's times); K / 4 not measured, so never picked there.
+# Delta rule without a gate (delta_rule): GDN's, and K / 8 (16 columns) at 1.25 us over 128 CTAs (its pass at 16
+# value heads 18% faster than at K / 4 over 64 CTAs; benchmarks/NOTES.md, fifth session).
+# Plain update (levels 1-3; simple_gla's periods, linear_attn's are 5-20% shorter; NOTES, fifth session): with the
+# output group K / 4, K / 2, K from unsplit passes over 16-128 CTAs; without it (the split's transitions, value V)
+# and K with the output group at a full GPU fitted to split passes of 128-512 CTAs.
+# K = 64 takes the periods of the same K / DV block.
+_GDN_US = {(4, True): 1.86, (2, True): 2.3, (1, True): 4.1, (2, False): 2.2, (1, False): 4.2}
 CHUNK_US = {
-    (True, 4, True): 1.86, (True, 2, True): 2.3, (True, 1, True): 4.1, (True, 2, False): 2.2, (True, 1, False): 4.2,
-    (False, 4, True): 1.2, (False, 2, True): 1.65, (False, 1, True): 3.0,
-    (False, 4, False): 1.0, (False, 2, False): 1.2, (False, 1, False): 1.6,
+    **{("gdn", *key): us for key, us in _GDN_US.items()},
+    **{("delta", *key): us for key, us in _GDN_US.items()},
+    ("delta", 8, True): 1.25,
+    ("plain", 4, True): 1.2, ("plain", 2, True): 1.65, ("plain", 1, True): 3.0,
+    ("plain", 4, False): 1.0, ("plain", 2, False): 1.2, ("plain", 1, False): 1.6,
 }
 
 
-def modelled_us(K, V, grid, chunks, block_DV, sms, store_output=True, delta=True):
+def modelled_us(K, V, grid, chunks, block_DV, sms, store_output=True, rule="gdn"):
     """Modelled time of one launch: waves of CTAs (grid = sequences x value heads) times the chunk chain."""
-    return math.ceil(grid * (V // block_DV) / sms) * chunks * CHUNK_US[(delta, K // block_DV, store_output)]
+    return math.ceil(grid * (V // block_DV) / sms) * chunks * CHUNK_US[(rule, K // block_DV, store_output)]
 
 
-def default_block_DV(K, V, grid, sms=132, store_output=True, delta=True):
-    """The DV block (of dv_blocks(K), 32 columns or more, with a measured chunk period) of least modelled time for
-    grid = sequences x value heads on sms SMs; the larger block on a tie (the q/k loads and Q K^T once per block).
-    With the output group and K = 128 that is K / 4 up to sms / 4 CTAs (measured: GDN 1x8192, 8 and 32 value heads,
-    0.202 and 0.236 ms at K / 4 against 0.298 and 0.312 at K / 2), K / 2 up to sms / 2 and K up to sms (measured:
-    GDN 1x32768 h16/32, 32 CTAs, 1.30 ms at K / 2 against 1.86 ms at K); past one wave the wave count decides (a
-    model, not measured there).  V > K only in the sequence split's transitions (V = 2K: the [V | 0] value)."""
-    blocks = [block for block in dv_blocks(K) if block >= 32 and (delta, K // block, store_output) in CHUNK_US]
-    return min(blocks, key=lambda block: modelled_us(K, V, grid, 1, block, sms, store_output, delta))
+def default_block_DV(K, V, grid, sms=132, store_output=True, rule="gdn"):
+    """The DV block (of dv_blocks(K) with a measured chunk period; 16 columns only at K = 128) of least modelled
+    time for grid = sequences x value heads on sms SMs; the larger block on a tie (the q/k loads and Q K^T once per
+    block). rule: update_rule's key. GDN with the output group at K = 128: K / 4 up to sms / 4 CTAs (measured: 1x8192,
+    8 and 32 value heads, 0.202 and 0.236 ms at K / 4 against 0.298 and 0.312 at K / 2), K / 2 up to sms / 2 and K
+    up to sms (measured: 1x32768 h16/32, 32 CTAs, 1.30 ms at K / 2 against 1.86 ms at K); past one wave the wave
+    count decides (a model, not measured there). V > K only in the sequence split's transitions (V = 2K: the
+    [V | 0] value)."""
+    blocks = [block for block in dv_blocks(K)
+              if (block >= 32 or K >= 128) and (rule, K // block, store_output) in CHUNK_US]
+    return min(blocks, key=lambda block: modelled_us(K, V, grid, 1, block, sms, store_output, rule))

@@ -35,7 +35,7 @@ from typing import NamedTuple
 import torch
 
 from .. import TILE as CHUNK
-from .chunk_fwd_ws import default_block_DV, modelled_us
+from .chunk_fwd_ws import default_block_DV, modelled_us, update_rule
 
 
 # the gates the split takes: its transitions M are exp(segment decay) I (plain update) or read from [B | M] (delta
@@ -63,7 +63,7 @@ class SegmentPlan:
 
 
 # Cost model of the split, on the warp-specialised pass's measured chunk periods (chunk_fwd_ws.CHUNK_US), plus what
-# the split adds around its passes, by update rule (delta rule True): a fixed cost (launches, the table's copy, the
+# the split adds around its passes, by update rule (delta rule or not): a fixed cost (launches, the table's copy, the
 # gaps between launches) and a cost per combine step (segments of the longest sequence). Delta rule: the H200's
 # split times (benchmarks/NOTES.md, 2026-11-30) gave 0.11 ms fixed when the segment tables still took ~15 launches;
 # 0.07 ms is that fit less those launches, and one batched product per step. Plain update: fitted to split passes of
@@ -74,26 +74,28 @@ COMBINE_STEP_MS = {True: 0.005, False: 0.0005}
 SEGMENT_CHUNKS = (8, 16, 32, 64, 128, 256)
 
 
-def _pass_ms(K: int, V: int, grid: int, chunks: int, sms: int, store_output: bool, delta: bool) -> float:
-    block = default_block_DV(K, V, grid, sms, store_output, delta)
-    return 1e-3 * modelled_us(K, V, grid, chunks, block, sms, store_output, delta)
+def _pass_ms(K: int, V: int, grid: int, chunks: int, sms: int, store_output: bool, rule: str) -> float:
+    block = default_block_DV(K, V, grid, sms, store_output, rule)
+    return 1e-3 * modelled_us(K, V, grid, chunks, block, sms, store_output, rule)
 
 
-def modelled_ms(lengths, heads: int, sms: int, plan: SegmentPlan | None, K: int = 128, delta: bool = True) -> float:
+def modelled_ms(lengths, heads: int, sms: int, plan: SegmentPlan | None, K: int = 128, gate: str = "scalar",
+                delta: bool = True) -> float:
     """Modelled time of the state/output pass unsplit (plan None) or split: transitions (the state alone, value
     [V | 0] with the delta rule, V without), combine steps, outputs and the split's fixed cost; each pass at the DV
-    block chunk_fwd_ws.default_block_DV picks for it."""
+    block chunk_fwd_ws.default_block_DV picks for it, at the periods of the gate kind and update rule."""
+    rule = update_rule(gate, delta)
     longest = max((math.ceil(n / CHUNK) for n in lengths), default=0)
     if plan is None:
-        return _pass_ms(K, K, len(lengths) * heads, longest, sms, True, delta)
+        return _pass_ms(K, K, len(lengths) * heads, longest, sms, True, rule)
     chain = min(plan.segment_chunks, longest)
     grid = plan.num_segments * heads
-    return (_pass_ms(K, 2 * K if delta else K, grid, chain, sms, False, delta)
-            + _pass_ms(K, K, grid, chain, sms, True, delta)
+    return (_pass_ms(K, 2 * K if delta else K, grid, chain, sms, False, rule)
+            + _pass_ms(K, K, grid, chain, sms, True, rule)
             + SPLIT_FIXED_MS[delta] + (plan.max_per_sequence - 1) * COMBINE_STEP_MS[delta])
 
 
-def auto_plan(lengths, heads: int, sms: int, K: int = 128, delta: bool = True,
+def auto_plan(lengths, heads: int, sms: int, K: int = 128, gate: str = "scalar", delta: bool = True,
               margin: float = 0.8) -> SegmentPlan | None:
     """The segment size (from SEGMENT_CHUNKS) whose modelled time is lowest, if it beats the unsplit pass's by the
     margin; else None (tilela.ops asks it for every call the warp-specialised pass covers but chunk_gla's, whose
@@ -102,12 +104,12 @@ def auto_plan(lengths, heads: int, sms: int, K: int = 128, delta: bool = True,
     bandwidth). With margin 0.8 and the chunk periods of chunk_fwd_ws.CHUNK_US the model agrees with every split
     and unsplit pass the H200 has timed (benchmarks/NOTES.md, 2026-11-30 and fifth session)."""
     longest = max((math.ceil(n / CHUNK) for n in lengths), default=0)
-    best, best_ms = None, margin * modelled_ms(lengths, heads, sms, None, K, delta)
+    best, best_ms = None, margin * modelled_ms(lengths, heads, sms, None, K, gate, delta)
     for segment_chunks in SEGMENT_CHUNKS:
         if segment_chunks >= longest:
             break
         plan = SegmentPlan.of(lengths, segment_chunks)
-        ms = modelled_ms(lengths, heads, sms, plan, K, delta)
+        ms = modelled_ms(lengths, heads, sms, plan, K, gate, delta)
         if ms < best_ms:
             best, best_ms = plan, ms
     return best
