@@ -94,8 +94,9 @@ def _lower(case):
                                 *default_config(K, gate, delta, dtype))
     elif kind.startswith("ws"):
         split = kind.startswith("ws_split")
-        func = chunk_fwd_ws_kernel(K, 2 * K if split and delta else K, K**-0.5, gate, delta, dtype, beta_dtype or "float32",
-                                   *flags, K // DV_FRACTION[kind.rsplit("_", 1)[1]], not split)
+        V = 2 * K if split and delta else K  # the transitions' [V | 0] value with the delta rule
+        func = chunk_fwd_ws_kernel(K, V, K**-0.5, gate, delta, dtype, beta_dtype or "float32", *flags,
+                                   K // DV_FRACTION[kind.rsplit("_", 1)[1]], not split)
     else:
         func = linear_attn_seq_in_grid_kernel(H, HV, K, K, K**-0.5, dtype, *flags)
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})

@@ -35,7 +35,8 @@ completes when the slot holds chunk c (wait parity (c // n) % 2), "free"/"read" 
     loaded / consumed     load -> all      q, k, v, A, gc, beta (D)    n = 3 where shared memory allows, else 2
     S_ready / S_read      state -> value, output   S_s                  n = 2
     Vn_ready / Vn_read    value -> output  Vnew_s (delta rule)          n = 2, 1 at block_DV = 128 (shared memory)
-    Vd_ready / Vd_read    value -> state   Vd_s                         n = 2 plain update (load warps write it), 1 delta rule
+    Vd_ready / Vd_read    value -> state   Vd_s                         n = 1 delta rule, 2 plain update (there the
+                                                                        two idle load warps write it)
 The recurrence's critical path is S_s -> K S -> A R -> K^T Vd -> S_s. P = Q K^T, Q S, P Vnew and the store run
 beside it in the output group, a chunk behind at most (two S_s slots: the state never waits for Q S of the
 chunk it just left), and the next chunk's loads beside both.
