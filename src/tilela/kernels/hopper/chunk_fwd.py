@@ -282,9 +282,9 @@ def _static(q, v, g_cumsum, beta, A, scale, initial_state, output_final_state, c
 def _ws_state_pass(q, k, v, g_cumsum, beta, A, scale, h0, cu_seqlens, store_output, store_final_state):
     """The warp-specialised pass in the sequence split's contract (varlen, initial state in)."""
     static = _static(q, v, g_cumsum, beta, A, scale, h0, store_final_state, cu_seqlens)
-    block_DV = chunk_fwd_ws.default_block_DV(q.shape[3], v.shape[3], (cu_seqlens.shape[0] - 1) * v.shape[2],
-                                             multiprocessors(v.device), store_output,
-                                             chunk_fwd_ws.update_rule(static[3], static[4]))
+    K, V, _, gate, delta = static[:5]
+    block_DV = chunk_fwd_ws.default_block_DV(K, V, (cu_seqlens.shape[0] - 1) * v.shape[2], multiprocessors(v.device),
+                                             store_output, chunk_fwd_ws.update_rule(gate, delta))
     kernel = compiled(chunk_fwd_ws.chunk_fwd_ws_kernel, *static, block_DV, store_output, warp_specialized=True)
     return _launch(kernel, q, k, v, g_cumsum, beta, A, h0, store_final_state, cu_seqlens)
 

@@ -310,21 +310,33 @@ def chunk_fwd_ws_kernel(
                         if delta or (channel and store_output):
                             T.tma_copy(A[bb, t0 : t0 + C, bh, :], A_s[slot, :, :], barrier=loaded[slot])
                         T.barrier_arrive(loaded[slot])
-                elif tx < 3 * GROUP + 64:
+                elif tx < 3 * GROUP + 64:  # one warp, rows lane and lane + 32 of each chunk
+                    lane = tx - (3 * GROUP + 32)
+                    g_r = T.alloc_local([C // 32], accum)
+                    beta_r = T.alloc_local([C // 32], accum)
+                    g_last = T.alloc_local([1], accum)
                     for c in T.serial(n_chunks):
                         s, slot = c % 2, c % stages
                         t0 = t_start + c * C
-                        T.barrier_wait(consumed[slot], (c // stages + 1) % 2)
-                        for i in T.Parallel(C):
+                        # the chunk's loads first, all in flight while the slot is still being read
+                        for r in T.unroll(C // 32):
                             if scalar:
-                                g_s[slot, i] = g[bb, T.min(t0 + i, t_end - 1), bh]
-                                eg_s[slot, i] = exp_e(g[bb, T.min(t0 + i, t_end - 1), bh])
-                                ed_s[slot, i] = T.if_then_else(t0 + i < t_end, exp_e(
-                                    g[bb, T.min(t0 + C - 1, t_end - 1), bh] - g[bb, T.min(t0 + i, t_end - 1), bh]), 0)
+                                g_r[r] = g[bb, T.min(t0 + lane + 32 * r, t_end - 1), bh]
+                            if delta:
+                                beta_r[r] = T.cast(beta[bb, T.min(t0 + lane + 32 * r, t_end - 1), bh], accum)
+                        if scalar:
+                            g_last[0] = g[bb, T.min(t0 + C - 1, t_end - 1), bh]
+                        T.barrier_wait(consumed[slot], (c // stages + 1) % 2)
+                        for r in T.unroll(C // 32):
+                            i = lane + 32 * r
+                            if scalar:
+                                g_s[slot, i] = g_r[r]
+                                eg_s[slot, i] = exp_e(g_r[r])
+                                ed_s[slot, i] = T.if_then_else(t0 + i < t_end, exp_e(g_last[0] - g_r[r]), 0)
                             else:
                                 ed_s[slot, i] = T.if_then_else(t0 + i < t_end, 1, 0)
                             if delta:
-                                beta_s[slot, i] = T.if_then_else(t0 + i < t_end, T.cast(beta[bb, t0 + i, bh], accum), 0)
+                                beta_s[slot, i] = T.if_then_else(t0 + i < t_end, beta_r[r], 0)
                         if channel:
                             for d in T.Parallel(K):
                                 d_s[slot, d] = g[tile0 + c, bh, d]
