@@ -300,7 +300,7 @@ def chunk_fwd_ws_kernel(
                 T.set_max_nreg(LOAD_REGS, 0)
                 if tx < 3 * GROUP + 32:
                     for c in T.serial(n_chunks):
-                        s, slot = c % 2, c % stages
+                        slot = c % stages
                         t0 = t_start + c * C
                         T.barrier_wait(consumed[slot], (c // stages + 1) % 2)
                         if store_output:
@@ -316,7 +316,7 @@ def chunk_fwd_ws_kernel(
                     beta_r = T.alloc_local([C // 32], accum)
                     g_last = T.alloc_local([1], accum)
                     for c in T.serial(n_chunks):
-                        s, slot = c % 2, c % stages
+                        slot = c % stages
                         t0 = t_start + c * C
                         # the chunk's loads first, all in flight while the slot is still being read
                         for r in T.unroll(C // 32):

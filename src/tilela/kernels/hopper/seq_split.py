@@ -146,9 +146,9 @@ def segment_table(plan: SegmentPlan, device: torch.device) -> SegmentTable:
     per plan, device and stream; inside a CUDA-graph capture the copy is a node of the graph, reading the plan's
     pinned host table, which lives as long as the process), so nothing synchronises with the host."""
     if device.type != "cuda":
-        return _views(torch.tensor(sum(host_table(plan), []), dtype=torch.int32, device=device), plan)
+        return _views(_host_tensor(plan).to(device), plan)
     if torch.cuda.is_current_stream_capturing():
-        return _views(_pinned(plan).to(device, non_blocking=True), plan)
+        return _copied(plan, device)
     return _device_table(plan, device, torch.cuda.current_stream(device).cuda_stream)
 
 
@@ -157,17 +157,27 @@ def _views(table: torch.Tensor, plan: SegmentPlan) -> SegmentTable:
     return SegmentTable(*table.split([S + 1, N + 1, S, N]))
 
 
+def _host_tensor(plan: SegmentPlan) -> torch.Tensor:
+    """host_table in one int32 tensor."""
+    return torch.tensor(sum(host_table(plan), []), dtype=torch.int32)
+
+
 @functools.cache
 def _pinned(plan: SegmentPlan) -> torch.Tensor:
-    """host_table in one pinned int32 tensor (never freed: a captured graph's copy reads it on every replay)."""
-    return torch.tensor(sum(host_table(plan), []), dtype=torch.int32).pin_memory()
+    """_host_tensor pinned (never freed: a captured graph's copy reads it on every replay)."""
+    return _host_tensor(plan).pin_memory()
+
+
+def _copied(plan: SegmentPlan, device: torch.device) -> SegmentTable:
+    """The table in one non-blocking copy from its pinned host tensor."""
+    return _views(_pinned(plan).to(device, non_blocking=True), plan)
 
 
 @functools.lru_cache(maxsize=64)
 def _device_table(plan: SegmentPlan, device: torch.device, stream: int) -> SegmentTable:
     """segment_table outside a capture, per plan, device and stream (the copy is ordered on the stream that reads
     it)."""
-    return _views(_pinned(plan).to(device, non_blocking=True), plan)
+    return _copied(plan, device)
 
 
 def entering_states(B_seg, g_cumsum, cu_segments, first, h0):
