@@ -60,7 +60,8 @@ GATES = ("none", "scalar", "channel")
 STATE_REGS = 160
 VALUE_REGS = OUTPUT_REGS = 152
 LOAD_REGS = 48
-SHARED_BYTES = 223 * 1024  # of the 227 KiB a CTA may take, 4 KiB left for barriers and alignment
+SHARED_BYTES = 226 * 1024  # of the 227 KiB a CTA may take, 1 KiB left for barriers and alignment
+STATE_BARRIER = 1  # named barrier of the state group (bar.sync 0 is the CTA's)
 
 
 def chunk_fwd_ws_kernel(
@@ -94,11 +95,17 @@ def chunk_fwd_ws_kernel(
     # plain update with output: the value group has no products, so it takes the even chunks' output (the output
     # group the odd ones) and two idle load warps scale V into Vd
     pingpong = store_output and not delta
-    consumers = 3 if store_output else 2  # warp groups that read the input slots (per chunk, in threads below)
-    consumer_threads = (2 * GROUP + 64) if pingpong else consumers * GROUP
+    # plain update without a scalar gate: Vd = V, so the state group adds K^T V from the input slots (the last
+    # chunk's rows past the sequence end zeroed in K) and nobody writes Vd_s
+    direct = direct_v(gate, delta)
+    value_works = not pingpong and not direct  # the value group's products (delta rule) or Vd (state pass alone)
+    # threads that read a chunk's input slots: the state group, the chunk's output group, the value group, and
+    # under the plain update with output the two Vd-writing load warps
+    consumer_threads = GROUP * (1 + int(store_output) + int(value_works)) + (64 if pingpong and not direct else 0)
+    row_inputs = gate != "none" or delta  # the gate warp's loads (gc, D, beta, or the rows' end mask for Vd)
     S_readers = 1 if pingpong else int(delta) + int(store_output)  # warp groups that read S_s of a chunk
     Vn_shared = delta and store_output  # Vnew_s only feeds the output
-    stages = input_stages(K, block_DV, delta, store_output, channel)
+    stages = input_stages(K, block_DV, gate, delta, store_output)
     sig = state_pass_contract(K, V, gate, delta, dtype, beta_dtype, scores=channel)
     B, Tn, H, HV, NS1 = sig.B, sig.Tn, sig.H, sig.HV, sig.NS1
 
@@ -151,12 +158,12 @@ def chunk_fwd_ws_kernel(
             q_s = T.alloc_shared([stages, C, K], dtype)
             k_s = T.alloc_shared([stages, C, K], dtype)
             v_s = T.alloc_shared([stages, C, block_DV], dtype)  # V, overwritten by R in the delta rule
-            if not channel:
+            g_s = eg_s = ed_s = None
+            if scalar:
                 g_s = T.alloc_shared([stages, C], accum)  # gc
                 eg_s = T.alloc_shared([stages, C], accum)  # exp(gc)
-            else:
-                g_s = eg_s = None
-            ed_s = T.alloc_shared([stages, C], accum)  # exp(gc_last - gc), 0 past the sequence end
+            if not direct:
+                ed_s = T.alloc_shared([stages, C], accum)  # exp(gc_last - gc), 0 past the sequence end
             A_s = None
             if delta or (channel and store_output):
                 A_s = T.alloc_shared([stages, C, C], dtype)  # A (delta rule) or P (per-channel gate)
@@ -168,7 +175,8 @@ def chunk_fwd_ws_kernel(
             if Vn_shared:
                 Vn_s = T.alloc_shared([Vn_slots, C, block_DV], dtype)
             S_s = T.alloc_shared([2, K, block_DV], dtype)
-            Vd_s = T.alloc_shared([Vd_slots, C, block_DV], dtype)
+            if not direct:
+                Vd_s = T.alloc_shared([Vd_slots, C, block_DV], dtype)
             if not channel:
                 P_s = T.alloc_shared([2, C, C] if pingpong else [C, C], dtype)
 
@@ -184,13 +192,14 @@ def chunk_fwd_ws_kernel(
                 O2_f = T.alloc_fragment([C, block_DV], accum)
                 P2_f = None if channel else T.alloc_fragment([C, C], accum)
 
-            loaded = T.alloc_barrier([64] * stages)
+            loaded = T.alloc_barrier([64 if row_inputs else 32] * stages)  # the TMA warp (and the gate warp)
             consumed = T.alloc_barrier([consumer_threads] * stages)
             if S_readers:
                 S_ready = T.alloc_barrier([GROUP, GROUP])
                 S_read = T.alloc_barrier([S_readers * GROUP] * 2)
-            Vd_ready = T.alloc_barrier([64 if pingpong else GROUP] * Vd_slots)
-            Vd_read = T.alloc_barrier([GROUP] * Vd_slots)
+            if not direct:
+                Vd_ready = T.alloc_barrier([64 if pingpong else GROUP] * Vd_slots)
+                Vd_read = T.alloc_barrier([GROUP] * Vd_slots)
             if Vn_shared:
                 Vn_ready = T.alloc_barrier([GROUP] * Vn_slots)
                 Vn_read = T.alloc_barrier([GROUP] * Vn_slots)
@@ -237,21 +246,34 @@ def chunk_fwd_ws_kernel(
                     if channel:
                         for i, j in T.Parallel(K, block_DV):
                             S_f[i, j] = S_f[i, j] * d_s[slot, i]
-                    T.barrier_wait(Vd_ready[c % Vd_slots], (c // Vd_slots) % 2)
-                    T.gemm(k_s[slot, :, :], Vd_s[c % Vd_slots, :, :], S_f, transpose_A=True)
-                    T.barrier_arrive(Vd_read[c % Vd_slots])
+                    if direct:
+                        t0 = t_start + c * C
+                        if t0 + C > t_end:  # the last chunk's rows past the end: K zeroed, so their V adds nothing
+                            for i, j in T.Parallel(C, K):
+                                if t0 + i >= t_end:
+                                    k_s[slot, i, j] = 0
+                            T.fence_proxy_async()
+                            T.sync_threads(STATE_BARRIER, GROUP)
+                        T.gemm(k_s[slot, :, :], v_s[slot, :, :], S_f, transpose_A=True)
+                    else:
+                        T.barrier_wait(Vd_ready[c % Vd_slots], (c // Vd_slots) % 2)
+                        T.gemm(k_s[slot, :, :], Vd_s[c % Vd_slots, :, :], S_f, transpose_A=True)
+                        T.barrier_arrive(Vd_read[c % Vd_slots])
                     T.barrier_arrive(consumed[slot])
                 if store_final_state:
                     T.copy(S_f, ht[bn, bh, 0:K, v0 : v0 + block_DV])
 
             elif tx < 2 * GROUP:  # value (the plain update with output: the even chunks' output)
-                T.set_max_nreg(VALUE_REGS, 1)
+                if pingpong or value_works:
+                    T.set_max_nreg(VALUE_REGS, 1)
+                else:  # the plain update's state pass alone without Vd: this group idles
+                    T.set_max_nreg(LOAD_REGS, 0)
                 if pingpong:
                     for cc in T.serial(T.ceildiv(n_chunks, 2)):
                         output_chunk(2 * cc, None if channel else P_s[0, :, :], P2_f, O2_f, q_s, k_s, v_s, g_s, eg_s,
                                      A_s, S_s, Vn_s, loaded, consumed, S_ready, S_read, Vn_ready, Vn_read, o, bb, bh,
                                      v0, t_start, t_end)
-                else:
+                elif value_works:
                     for c in T.serial(n_chunks):
                         s, slot = c % 2, c % stages
                         T.barrier_wait(loaded[slot], (c // stages) % 2)
@@ -310,7 +332,7 @@ def chunk_fwd_ws_kernel(
                         if delta or (channel and store_output):
                             T.tma_copy(A[bb, t0 : t0 + C, bh, :], A_s[slot, :, :], barrier=loaded[slot])
                         T.barrier_arrive(loaded[slot])
-                elif tx < 3 * GROUP + 64:  # one warp, rows lane and lane + 32 of each chunk
+                elif tx < 3 * GROUP + 64 and row_inputs:  # one warp, rows lane and lane + 32 of each chunk
                     lane = tx - (3 * GROUP + 32)
                     g_r = T.alloc_local([C // 32], accum)
                     beta_r = T.alloc_local([C // 32], accum)
@@ -333,7 +355,7 @@ def chunk_fwd_ws_kernel(
                                 g_s[slot, i] = g_r[r]
                                 eg_s[slot, i] = exp_e(g_r[r])
                                 ed_s[slot, i] = T.if_then_else(t0 + i < t_end, exp_e(g_last[0] - g_r[r]), 0)
-                            else:
+                            elif not direct:
                                 ed_s[slot, i] = T.if_then_else(t0 + i < t_end, 1, 0)
                             if delta:
                                 beta_s[slot, i] = T.if_then_else(t0 + i < t_end, beta_r[r], 0)
@@ -341,7 +363,7 @@ def chunk_fwd_ws_kernel(
                             for d in T.Parallel(K):
                                 d_s[slot, d] = g[tile0 + c, bh, d]
                         T.barrier_arrive(loaded[slot])
-                elif pingpong:  # Vd = exp(gc_last - gc) V (rows past the sequence end zeroed) for the state group
+                elif pingpong and not direct:  # Vd = exp(gc_last - gc) V (rows past the end zeroed) for the state group
                     for c in T.serial(n_chunks):
                         slot = c % stages
                         T.barrier_wait(loaded[slot], (c // stages) % 2)
@@ -355,18 +377,28 @@ def chunk_fwd_ws_kernel(
     return chunk_fwd_ws
 
 
-def input_stages(K, block_DV, delta, store_output, channel=False):
-    """Input slots (q, k, v, A or P, gc, beta, exp(gc_last) per chunk): 3 where shared memory holds them (the loads
-    of chunk c + 2 then overlap chunk c + 1 even when the output group lags a chunk behind), else 2."""
-    per_stage = 2 * CHUNK * (K * (1 + int(store_output)) + block_DV) + 4 * CHUNK * (1 if channel else 3)  # (gc, eg,) ed
-    P_slots = 0 if channel else (2 if store_output and not delta else 1)  # one per output group
-    fixed = 2 * (2 * K * block_DV + vd_slots(delta) * CHUNK * block_DV + P_slots * CHUNK * CHUNK)  # S_s, Vd_s, P_s
-    if channel:
-        per_stage += 2 * CHUNK * CHUNK * int(store_output) + 4 * K  # P, D
-    if delta:
-        per_stage += 2 * CHUNK * CHUNK + 4 * CHUNK  # A, beta
-        fixed += 2 * CHUNK * block_DV * (2 if block_DV <= 64 else 1) * int(store_output)  # Vnew_s
-    return 3 if 3 * per_stage + fixed <= SHARED_BYTES else 2
+def input_stages(K, block_DV, gate, delta, store_output):
+    """Input slots (q, k, v, A or P, gc, beta, exp(gc_last) per chunk): as many as shared memory holds beside the
+    fixed buffers (S_s, Vd_s, Vnew_s), MAX_STAGES at most, 2 at least. Three let the loads of chunk c + 2 overlap
+    chunk c + 1 even when the output group lags a chunk behind; more keep more bytes in flight per SM."""
+    direct = direct_v(gate, delta)
+    per_stage = 2 * CHUNK * (K * (1 + int(store_output)) + block_DV)  # q, k, v
+    per_stage += 4 * CHUNK * (2 * int(gate == "scalar") + int(not direct) + int(delta))  # gc, exp(gc); ed; beta
+    if delta or (gate == "channel" and store_output):
+        per_stage += 2 * CHUNK * CHUNK  # A or P
+    if gate == "channel":
+        per_stage += 4 * K  # D
+    fixed = 2 * 2 * K * block_DV * int(delta or store_output)  # S_s
+    fixed += 0 if direct else 2 * vd_slots(delta) * CHUNK * block_DV  # Vd_s
+    fixed += 2 * CHUNK * block_DV * (2 if block_DV <= 64 else 1) * int(delta and store_output)  # Vnew_s
+    fixed += 2 * CHUNK * CHUNK * (0 if gate == "channel" or not store_output else 1 if delta else 2)  # P_s
+    return max(2, min(3 if delta else 4, (SHARED_BYTES - fixed) // per_stage))
+
+
+def direct_v(gate, delta):
+    """Whether the state group adds K^T V straight from the input slots (the plain update without a scalar gate:
+    Vd = V but for the rows past a sequence end, which go through K) instead of a written Vd_s."""
+    return not delta and gate != "scalar"
 
 
 def vd_slots(delta):
