@@ -24,26 +24,30 @@ The four warp groups and what each owns (state on chip for the whole sequence, f
                                (plain update: Vd_s = exp(gc_last - gc) V only)
     output  (threads 256-383)  P = Q K^T (before S is ready; loaded with a per-channel gate), Q S, O = ... + P Vnew,
                                stores O
-    load    (threads 384-511)  one warp issues the TMA loads of q (for the output), k, v, A (or P); one warp loads
-                               gc, beta and the exp factors of gc (or the chunk's D); the other two warps idle
+    load    (threads 384-511)  one warp issues the TMA loads of q (for the output), k, v, A (or P); one warp (the
+                               gate warp) loads gc, beta (or the chunk's D) GATE_AHEAD chunks ahead into registers
+                               and writes them with the exp factors of gc; the other two warps idle
 Plain update with output (levels 1-3): the value group has no products, so it becomes a second output group (even
 chunks; the output group takes the odd ones: S_s slot c % 2 is read by the group of chunk c only, each group stages
 its own P), and the two idle load warps write Vd_s = exp(gc_last - gc) V for the state group.
+Plain update without a scalar gate (levels 1 and 3): Vd = V, so the state group adds K^T V straight from the input
+slots (in the last chunk it first zeroes K's rows past the sequence end); no Vd_s, no Vd writers, and without a gate
+no gate warp.
 Every hand-over is a buffer with n slots (chunk c uses slot c % n) and one mbarrier pair per slot: "ready"
 completes when the slot holds chunk c (wait parity (c // n) % 2), "free"/"read" when its readers are done with it
 (the writer of chunk c waits parity (c // n + 1) % 2, which a fresh barrier passes: no wait for the first n chunks):
-    loaded / consumed     load -> all      q, k, v, A, gc, beta (D)    n = 3 where shared memory allows, else 2
+    loaded / consumed     load -> all      q, k, v, A, gc, beta (D)    n = input_stages: 2 to 4 (3 delta rule)
     S_ready / S_read      state -> value, output   S_s                  n = 2
     Vn_ready / Vn_read    value -> output  Vnew_s (delta rule)          n = 2, 1 at block_DV = 128 (shared memory)
-    Vd_ready / Vd_read    value -> state   Vd_s                         n = 1 delta rule, 2 plain update (there the
-                                                                        two idle load warps write it)
+    Vd_ready / Vd_read    value -> state   Vd_s                         n = 1 delta rule, 2 plain update with a
+                                                                        scalar gate (two idle load warps write it)
 The recurrence's critical path is S_s -> K S -> A R -> K^T Vd -> S_s. P = Q K^T, Q S, P Vnew and the store run
 beside it in the output group, a chunk behind at most (two S_s slots: the state never waits for Q S of the
 chunk it just left), and the next chunk's loads beside both.
 
 Varlen tails as in chunk_fwd.py: the 64-row tiles of the last chunk hold the next sequence's rows (or TMA zeros past
 the tensor end); beta = 0 there, gc is clamped to the last valid row, the causal mask keeps them out of valid rows,
-Vd rows are zeroed and output rows are not stored.
+Vd rows (or K rows, where the state reads V directly) are zeroed and output rows are not stored.
 """
 
 import math
@@ -55,13 +59,16 @@ from .. import exp_e, state_pass_contract
 
 GROUP = 128  # threads of a warp group
 GATES = ("none", "scalar", "channel")
-# registers per thread after setmaxnreg, 160 + 152 + 152 + 48 = 512 (65536 over 512 threads, 128 at launch): the
-# state group holds S (K x DV / 128 fp32), the load group's gc/beta warp spills below 48
+# registers per thread after setmaxnreg, 160 + 152 + 144 + 56 = 512 (65536 over 512 threads, 128 at launch): the
+# state group holds S (K x DV / 128 fp32); the load group's gate warp holds GATE_AHEAD chunks of gc / beta (at 48
+# GDN's DV 64 and 128 spill); the compile test fails on any spill
 STATE_REGS = 160
-VALUE_REGS = OUTPUT_REGS = 152
-LOAD_REGS = 48
+VALUE_REGS = 152
+OUTPUT_REGS = 144
+LOAD_REGS = 56
 SHARED_BYTES = 226 * 1024  # of the 227 KiB a CTA may take, 1 KiB left for barriers and alignment
 STATE_BARRIER = 1  # named barrier of the state group (bar.sync 0 is the CTA's)
+GATE_AHEAD = 3  # chunks whose gate loads (gc, beta, D) the gate warp keeps in flight
 
 
 def chunk_fwd_ws_kernel(
@@ -148,6 +155,23 @@ def chunk_fwd_ws_kernel(
                 o[bb, t0 + i, bh, v0 + j] = O_f[i, j]
         T.barrier_arrive(consumed[slot])
 
+    @T.macro
+    def fetch_gate_rows(u, c, g_r, beta_r, g_last, d_r, g, beta, lane, bb, bh, t_start, t_end, tile0, n_chunks):
+        """The gate warp's loads of chunk c (clamped to the last chunk: the loads past it are harmless repeats)
+        into register set u: gc and beta of rows lane and lane + 32 (clamped to the sequence's last row), gc_last,
+        or the chunk's D under the per-channel gate. They stay in flight until the chunk's slot is written."""
+        t0 = t_start + T.min(c, n_chunks - 1) * C
+        for r in T.unroll(C // 32):
+            if scalar:
+                g_r[u, r] = g[bb, T.min(t0 + lane + 32 * r, t_end - 1), bh]
+            if delta:
+                beta_r[u, r] = T.cast(beta[bb, T.min(t0 + lane + 32 * r, t_end - 1), bh], accum)
+        if scalar:
+            g_last[u] = g[bb, T.min(t0 + C - 1, t_end - 1), bh]
+        if channel:
+            for e in T.unroll(K // 32):
+                d_r[u, e] = g[tile0 + T.min(c, n_chunks - 1), bh, lane + 32 * e]
+
     @T.prim_func
     def chunk_fwd_ws(q: sig.q, k: sig.k, v: sig.v, g: sig.g, beta: sig.beta, A: sig.A, h0: sig.h0,
                      cu_seqlens: sig.cu_seqlens, o: sig.o, ht: sig.ht):
@@ -207,6 +231,7 @@ def chunk_fwd_ws_kernel(
             bb = T.alloc_var("int32")
             t_start = T.alloc_var("int32")
             t_end = T.alloc_var("int32")
+            tile0 = None
             if channel:
                 tile0 = T.alloc_var("int32")  # tile slot of the sequence's first chunk (D's row)
             if is_varlen:
@@ -334,35 +359,38 @@ def chunk_fwd_ws_kernel(
                         T.barrier_arrive(loaded[slot])
                 elif tx < 3 * GROUP + 64 and row_inputs:  # one warp, rows lane and lane + 32 of each chunk
                     lane = tx - (3 * GROUP + 32)
-                    g_r = T.alloc_local([C // 32], accum)
-                    beta_r = T.alloc_local([C // 32], accum)
-                    g_last = T.alloc_local([1], accum)
-                    for c in T.serial(n_chunks):
-                        slot = c % stages
-                        t0 = t_start + c * C
-                        # the chunk's loads first, all in flight while the slot is still being read
-                        for r in T.unroll(C // 32):
-                            if scalar:
-                                g_r[r] = g[bb, T.min(t0 + lane + 32 * r, t_end - 1), bh]
-                            if delta:
-                                beta_r[r] = T.cast(beta[bb, T.min(t0 + lane + 32 * r, t_end - 1), bh], accum)
-                        if scalar:
-                            g_last[0] = g[bb, T.min(t0 + C - 1, t_end - 1), bh]
-                        T.barrier_wait(consumed[slot], (c // stages + 1) % 2)
-                        for r in T.unroll(C // 32):
-                            i = lane + 32 * r
-                            if scalar:
-                                g_s[slot, i] = g_r[r]
-                                eg_s[slot, i] = exp_e(g_r[r])
-                                ed_s[slot, i] = T.if_then_else(t0 + i < t_end, exp_e(g_last[0] - g_r[r]), 0)
-                            elif not direct:
-                                ed_s[slot, i] = T.if_then_else(t0 + i < t_end, 1, 0)
-                            if delta:
-                                beta_s[slot, i] = T.if_then_else(t0 + i < t_end, beta_r[r], 0)
-                        if channel:
-                            for d in T.Parallel(K):
-                                d_s[slot, d] = g[tile0 + c, bh, d]
-                        T.barrier_arrive(loaded[slot])
+                    # registers of the GATE_AHEAD chunks whose loads are in flight (chunk c in set c % GATE_AHEAD)
+                    g_r = T.alloc_local([GATE_AHEAD, C // 32], accum)
+                    beta_r = T.alloc_local([GATE_AHEAD, C // 32], accum)
+                    g_last = T.alloc_local([GATE_AHEAD], accum)
+                    d_r = T.alloc_local([GATE_AHEAD, K // 32], accum)
+                    for u in T.unroll(GATE_AHEAD):
+                        if u < n_chunks:
+                            fetch_gate_rows(u, u, g_r, beta_r, g_last, d_r, g, beta, lane, bb, bh, t_start, t_end, tile0,
+                                            n_chunks)
+                    for cc in T.serial(T.ceildiv(n_chunks, GATE_AHEAD)):
+                        for u in T.unroll(GATE_AHEAD):
+                            c = cc * GATE_AHEAD + u
+                            if c < n_chunks:
+                                slot = c % stages
+                                t0 = t_start + c * C
+                                T.barrier_wait(consumed[slot], (c // stages + 1) % 2)
+                                for r in T.unroll(C // 32):
+                                    i = lane + 32 * r
+                                    if scalar:
+                                        g_s[slot, i] = g_r[u, r]
+                                        eg_s[slot, i] = exp_e(g_r[u, r])
+                                        ed_s[slot, i] = T.if_then_else(t0 + i < t_end, exp_e(g_last[u] - g_r[u, r]), 0)
+                                    elif not direct:
+                                        ed_s[slot, i] = T.if_then_else(t0 + i < t_end, 1, 0)
+                                    if delta:
+                                        beta_s[slot, i] = T.if_then_else(t0 + i < t_end, beta_r[u, r], 0)
+                                if channel:
+                                    for e in T.unroll(K // 32):
+                                        d_s[slot, lane + 32 * e] = d_r[u, e]
+                                T.barrier_arrive(loaded[slot])
+                                fetch_gate_rows(u, c + GATE_AHEAD, g_r, beta_r, g_last, d_r, g, beta, lane, bb, bh, t_start,
+                                                t_end, tile0, n_chunks)
                 elif pingpong and not direct:  # Vd = exp(gc_last - gc) V (rows past the end zeroed) for the state group
                     for c in T.serial(n_chunks):
                         slot = c % stages
