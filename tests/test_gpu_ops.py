@@ -71,12 +71,13 @@ SPLIT_LAYOUT = (10000, 1, 190)
 @pytest.mark.parametrize("op", ["chunk_gated_delta_rule", "chunk_simple_gla"])
 @pytest.mark.parametrize("lengths,h_v,splits", [((300, 1, 77), 4, False), (SPLIT_LAYOUT, 4, True),
                                                  ((8192,), 4, True)], ids=["varlen", "varlen_split", "dense_split"])
-def test_ops_capture_in_a_cuda_graph(op, lengths, h_v, splits):
+@pytest.mark.parametrize("table_copied_before", [True, False], ids=["eager_table", "table_node"])
+def test_ops_capture_in_a_cuda_graph(op, lengths, h_v, splits, table_copied_before, monkeypatch):
     """The whole op replays from a CUDA graph on new inputs, unsplit and with the sequence split (auto_plan
-    splits a 10000-token sequence over 4 value heads; its segment table is a copy node of the graph), varlen and
-    dense (a single sequence without cu_seqlens): GDN (the delta rule's combine) and simple_gla (the plain update's
-    combine kernel)."""
-    from tilela.kernels.hopper import multiprocessors
+    splits a 10000-token sequence over 4 value heads), varlen and dense (a single sequence without cu_seqlens): GDN
+    (the delta rule's combine) and simple_gla (the plain update's combine kernel). The split's segment table is the
+    eager call's copy, or (no copy kept from before the capture) a copy node of the graph."""
+    from tilela.kernels.hopper import multiprocessors, seq_split
     from tilela.kernels.hopper.seq_split import auto_plan
 
     delta = op == "chunk_gated_delta_rule"
@@ -94,6 +95,9 @@ def test_ops_capture_in_a_cuda_graph(op, lengths, h_v, splits):
 
     eager_o, eager_S = run()  # compiles outside the capture
     torch.cuda.synchronize()
+    if not table_copied_before:
+        monkeypatch.setattr(seq_split, "_EAGER_TABLES", {})
+        monkeypatch.setattr(seq_split, "_GRAPH_TABLES", {})
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         o, S = run()

@@ -15,9 +15,9 @@ parallelism, done exactly). Mirrors reference layer E (reference.seq_split):
 
 Segments begin at chunk boundaries of their sequence, so the chunk-local gc and A are those of the unsplit call. An
 empty sequence keeps one empty segment (its final state is its initial state). The segment table comes from the
-plan's host lengths in one non-blocking copy from pinned memory (a copy node inside a CUDA-graph capture), so
-nothing synchronises with the host: under the plain update the split is four launches (copy, transitions, combine,
-outputs).
+plan's host lengths in one non-blocking copy from pinned memory, so nothing synchronises with the host: under the
+plain update the split is four launches (copy, transitions, combine, outputs). A CUDA graph captured after an eager
+call of the same plan reads that call's copy and has three nodes; captured first, the copy is its fourth node.
 
 The passes are given as `state_pass(q, k, v, g_cumsum, beta, A, scale, h0, cu_seqlens, store_output,
 store_final_state) -> (o, ht)` (varlen layout, initial state in or None): the TileLang pass on the GPU, any other
@@ -143,12 +143,14 @@ def host_table(plan: SegmentPlan) -> tuple[list[int], ...]:
 
 def segment_table(plan: SegmentPlan, device: torch.device) -> SegmentTable:
     """The plan's SegmentTable on the device. On a GPU it comes in one non-blocking copy from pinned memory (cached
-    per plan, device and stream; inside a CUDA-graph capture the copy is a node of the graph, reading the plan's
-    pinned host table, which lives as long as the process), so nothing synchronises with the host."""
+    per plan, device and stream), so nothing synchronises with the host. Inside a CUDA-graph capture the graph
+    reads a copy made before the capture when there is one (torch.cuda.graph synchronises the device before it
+    captures, so that copy has landed; it is then kept for good, as the graph reads it at every replay); else the
+    copy is a node of the graph, reading the plan's pinned host table, which lives as long as the process."""
     if device.type != "cuda":
         return _views(_host_tensor(plan).to(device), plan)
     if torch.cuda.is_current_stream_capturing():
-        return _copied(plan, device)
+        return _captured_table(plan, device)
     return _device_table(plan, device, torch.cuda.current_stream(device).cuda_stream)
 
 
@@ -173,11 +175,31 @@ def _copied(plan: SegmentPlan, device: torch.device) -> SegmentTable:
     return _views(_pinned(plan).to(device, non_blocking=True), plan)
 
 
-@functools.lru_cache(maxsize=64)
+_EAGER_TABLES: dict[tuple[SegmentPlan, torch.device, int], SegmentTable] = {}  # insertion order: oldest first
+_GRAPH_TABLES: dict[tuple[SegmentPlan, torch.device], SegmentTable] = {}
+EAGER_TABLES = 64
+
+
 def _device_table(plan: SegmentPlan, device: torch.device, stream: int) -> SegmentTable:
     """segment_table outside a capture, per plan, device and stream (the copy is ordered on the stream that reads
-    it)."""
-    return _copied(plan, device)
+    it); the EAGER_TABLES latest are kept."""
+    key = (plan, device, stream)
+    table = _EAGER_TABLES.pop(key, None) or _copied(plan, device)
+    _EAGER_TABLES[key] = table
+    while len(_EAGER_TABLES) > EAGER_TABLES:
+        del _EAGER_TABLES[next(iter(_EAGER_TABLES))]
+    return table
+
+
+def _captured_table(plan: SegmentPlan, device: torch.device) -> SegmentTable:
+    """segment_table inside a capture: a copy made on the device before it (kept from then on), else a copy node."""
+    table = _GRAPH_TABLES.get((plan, device))
+    if table is None:
+        table = next((t for (p, d, _), t in reversed(_EAGER_TABLES.items()) if (p, d) == (plan, device)), None)
+        if table is None:
+            return _copied(plan, device)
+        _GRAPH_TABLES[(plan, device)] = table
+    return table
 
 
 def entering_states(B_seg, g_cumsum, cu_segments, first, h0):
