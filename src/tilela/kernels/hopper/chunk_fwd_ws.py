@@ -447,9 +447,12 @@ def covers(K, V, gate, delta, dtype):
 
 
 def update_rule(gate, delta):
-    """The chunk-period table's key for a configuration: "gdn" (delta rule, gated), "delta" (delta rule, no gate)
-    or "plain" (every gate)."""
-    return ("gdn" if gate != "none" else "delta") if delta else "plain"
+    """The chunk-period table's key for a configuration: "gdn" (delta rule, gated), "delta" (delta rule, no gate),
+    "vd" (plain update through a written Vd_s: simple_gla's scalar gate) or "plain" (plain update, K^T V straight
+    from the input slots: linear_attn, gla's factors)."""
+    if delta:
+        return "gdn" if gate != "none" else "delta"
+    return "plain" if direct_v(gate, delta) else "vd"
 
 
 # Chunk period of one CTA in us (H200, K = 128), by (update rule, K / DV block, output group on). The pass is bound
@@ -461,17 +464,20 @@ def update_rule(gate, delta):
 # 2.2), K in ~4.2 us (fitted to the split's times); K / 4 not measured, so never picked there.
 # Delta rule without a gate (delta_rule): GDN's, and K / 8 (16 columns) at 1.25 us over 128 CTAs (its pass at 16
 # value heads 18% faster than at K / 4 over 64 CTAs; benchmarks/NOTES.md, fifth session).
-# Plain update (levels 1-3; simple_gla's periods, linear_attn's are 5-20% shorter; NOTES, fifth session): with the
-# output group K / 4, K / 2, K from unsplit passes over 16-128 CTAs; without it (the split's transitions, value V)
-# and K with the output group at a full GPU fitted to split passes of 128-512 CTAs.
+# Plain update (NOTES, sixth session; from unsplit passes over 16-128 CTAs and the split's passes timed alone over
+# 64-128 CTAs, 16-128 chunks each): "plain" from linear_attn, "vd" from simple_gla. With the output group K / 4 at
+# its unsplit period, K / 2 and K at a full GPU (their split's outputs: K at 16-32 chunks a CTA, where its pipeline
+# fill weighs most); without it (the split's transitions, value V) at a full GPU.
 # K = 64 takes the periods of the same K / DV block.
 _GDN_US = {(4, True): 1.86, (2, True): 2.3, (1, True): 4.1, (2, False): 2.2, (1, False): 4.2}
 CHUNK_US = {
     **{("gdn", *key): us for key, us in _GDN_US.items()},
     **{("delta", *key): us for key, us in _GDN_US.items()},
     ("delta", 8, True): 1.25,
-    ("plain", 4, True): 1.2, ("plain", 2, True): 1.65, ("plain", 1, True): 3.0,
-    ("plain", 4, False): 1.0, ("plain", 2, False): 1.2, ("plain", 1, False): 1.6,
+    ("plain", 4, True): 0.85, ("plain", 2, True): 1.6, ("plain", 1, True): 3.2,
+    ("plain", 2, False): 0.55, ("plain", 1, False): 1.1,
+    ("vd", 4, True): 1.15, ("vd", 2, True): 2.0, ("vd", 1, True): 3.5,
+    ("vd", 2, False): 1.0, ("vd", 1, False): 1.73,
 }
 
 
