@@ -36,10 +36,12 @@ def test_ws_block_without_output_group(grid, block):
 @pytest.mark.parametrize("K,grid,rule,block", [
     (128, 16, "delta", 16), (128, 17, "delta", 32), (128, 16, "gdn", 32),  # K / 8 measured for delta_rule alone
     (64, 8, "delta", 32),  # 16 columns only at K = 128
-    (128, 33, "plain", 32), (128, 34, "plain", 64), (128, 66, "plain", 64), (128, 67, "plain", 128),
+    (128, 33, "plain", 32), (128, 34, "plain", 64), (128, 66, "plain", 64), (128, 67, "plain", 32),
+    (128, 100, "plain", 128), (128, 199, "plain", 32), (128, 199, "vd", 128),
 ])
 def test_ws_block_by_update_rule(K, grid, rule, block):
-    """Each update rule at its own chunk periods: the ungated delta rule takes K / 8 blocks up to one wave."""
+    """Each update rule at its own chunk periods: the ungated delta rule takes K / 8 blocks up to one wave; the
+    plain update from V ("plain") and through Vd ("vd") part where the waves of K / 4 blocks cost less than K's."""
     assert chunk_fwd_ws.default_block_DV(K, K, grid, 132, rule=rule) == block
 
 
@@ -92,3 +94,23 @@ def test_block_DV_is_for_the_unsplit_ws_pass(kwargs):
         kwargs["segments"] = SegmentPlan.of([64], 1)
     with pytest.raises(ValueError, match=r"block_DV: the unsplit warp-specialised pass takes one of \(128, 64, 32, 16\)"):
         chunk_forward(*_inputs(128), 1.0, **kwargs)
+
+
+@pytest.mark.parametrize("gate,delta,rule", [("scalar", True, "gdn"), ("none", True, "delta"),
+                                             ("scalar", False, "vd"), ("none", False, "plain"),
+                                             ("channel", False, "plain")])
+def test_update_rule_keys_the_chunk_periods(gate, delta, rule):
+    """The plain update without a scalar gate adds K^T V from the input slots (no Vd): its own periods."""
+    assert chunk_fwd_ws.update_rule(gate, delta) == rule
+    assert chunk_fwd_ws.direct_v(gate, delta) == (rule == "plain")
+
+
+@pytest.mark.parametrize("block_DV,gate,delta,store_output,stages", [
+    (128, "none", False, True, 3),  # q, k, v slots beside S_s and P_s: no Vd_s
+    (128, "scalar", False, True, 2),  # Vd_s's two slots leave room for two
+    (128, "none", False, False, 4),  # the transitions: k and v alone, up to four
+    (32, "scalar", True, True, 3),  # the delta rule keeps its three (its periods were measured there)
+    (128, "scalar", True, True, 2),
+])
+def test_input_stages_fill_shared_memory(block_DV, gate, delta, store_output, stages):
+    assert chunk_fwd_ws.input_stages(128, block_DV, gate, delta, store_output) == stages

@@ -44,8 +44,10 @@ def test_segment_plan_rejects_empty_segments():
     ([32768], 32, "scalar", True, None),  # the split's extra pass outweighs what the extra CTAs bring
     ([8192], 8, "scalar", True, None),
     ([32768], 16, "scalar", False, 64),  # the plain update's transitions are cheaper: V alone
-    ([8192], 16, "none", False, 16),  # ladder levels 1-2: split at 16 heads, not at 32
+    ([8192], 16, "none", False, 32),  # ladder level 1: split at 16 heads (K / 2 blocks), not at 32
+    ([8192], 16, "scalar", False, 16),  # level 2: K blocks (its Vd writers make K / 2 dearer)
     ([8192], 32, "scalar", False, None),
+    ([32768], 16, "none", False, 128),
     ([10000, 1, 190], 4, "scalar", True, 16),  # the layouts the GPU tests split (tests/test_gpu_ops.py)
     ([10000, 1, 190], 4, "scalar", False, 8),
     ([30000, 1, 190], 4, "none", True, 16),
@@ -74,14 +76,14 @@ def test_modelled_split_time_adds_both_passes_and_the_combine():
     assert modelled_ms([32768], 8, 132, None) == pytest.approx(512 * CHUNK_US[("gdn", 4, True)] * 1e-3)
 
 
-def test_modelled_split_without_delta_rule_runs_transitions_on_V_alone():
+@pytest.mark.parametrize("gate,rule", [("scalar", "vd"), ("none", "plain")])
+def test_modelled_split_without_delta_rule_runs_transitions_on_V_alone(gate, rule):
     plan = SegmentPlan.of([32768], 64)
-    # transitions: 64 sequence-heads x 2 DV blocks of K / 2 (one wave), outputs likewise, at the plain update's
-    # own periods and split costs
-    expected = (64 * (CHUNK_US[("plain", 2, False)] + CHUNK_US[("plain", 2, True)]) * 1e-3 + SPLIT_FIXED_MS[False]
+    # transitions: 64 sequence-heads x 2 DV blocks of K / 2 (one wave), outputs likewise, at the periods of the
+    # plain update (through Vd with a scalar gate, straight from V without) and its split costs
+    expected = (64 * (CHUNK_US[(rule, 2, False)] + CHUNK_US[(rule, 2, True)]) * 1e-3 + SPLIT_FIXED_MS[False]
                 + 7 * COMBINE_STEP_MS[False])
-    assert modelled_ms([32768], 8, 132, plan, delta=False) == pytest.approx(expected)
-    assert modelled_ms([32768], 8, 132, plan, gate="none", delta=False) == pytest.approx(expected)  # any gate
+    assert modelled_ms([32768], 8, 132, plan, gate=gate, delta=False) == pytest.approx(expected)
 
 
 def test_entering_states_decay_by_the_gate_summed_over_each_segment():
