@@ -366,8 +366,8 @@ def chunk_fwd_ws_kernel(
                     d_r = T.alloc_local([GATE_AHEAD, K // 32], accum)
                     for u in T.unroll(GATE_AHEAD):
                         if u < n_chunks:
-                            fetch_gate_rows(u, u, g_r, beta_r, g_last, d_r, g, beta, lane, bb, bh, t_start, t_end, tile0,
-                                            n_chunks)
+                            fetch_gate_rows(u, u, g_r, beta_r, g_last, d_r, g, beta, lane, bb, bh, t_start, t_end,
+                                            tile0, n_chunks)
                     for cc in T.serial(T.ceildiv(n_chunks, GATE_AHEAD)):
                         for u in T.unroll(GATE_AHEAD):
                             c = cc * GATE_AHEAD + u
@@ -389,8 +389,8 @@ def chunk_fwd_ws_kernel(
                                     for e in T.unroll(K // 32):
                                         d_s[slot, lane + 32 * e] = d_r[u, e]
                                 T.barrier_arrive(loaded[slot])
-                                fetch_gate_rows(u, c + GATE_AHEAD, g_r, beta_r, g_last, d_r, g, beta, lane, bb, bh, t_start,
-                                                t_end, tile0, n_chunks)
+                                fetch_gate_rows(u, c + GATE_AHEAD, g_r, beta_r, g_last, d_r, g, beta, lane, bb, bh,
+                                                t_start, t_end, tile0, n_chunks)
                 elif pingpong and not direct:  # Vd = exp(gc_last - gc) V (rows past the end zeroed) for the state group
                     for c in T.serial(n_chunks):
                         slot = c % stages
@@ -407,8 +407,9 @@ def chunk_fwd_ws_kernel(
 
 def input_stages(K, block_DV, gate, delta, store_output):
     """Input slots (q, k, v, A or P, gc, beta, exp(gc_last) per chunk): as many as shared memory holds beside the
-    fixed buffers (S_s, Vd_s, Vnew_s), MAX_STAGES at most, 2 at least. Three let the loads of chunk c + 2 overlap
-    chunk c + 1 even when the output group lags a chunk behind; more keep more bytes in flight per SM."""
+    fixed buffers (S_s, Vd_s, Vnew_s, P_s), 2 to 4 (3 with the delta rule, whose chunk periods were measured there).
+    Three let the loads of chunk c + 2 overlap chunk c + 1 even when the output group lags a chunk behind; four
+    keep more bytes in flight per SM."""
     direct = direct_v(gate, delta)
     per_stage = 2 * CHUNK * (K * (1 + int(store_output)) + block_DV)  # q, k, v
     per_stage += 4 * CHUNK * (2 * int(gate == "scalar") + int(not direct) + int(delta))  # gc, exp(gc); ed; beta
