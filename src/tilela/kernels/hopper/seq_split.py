@@ -69,7 +69,8 @@ class SegmentPlan:
 # 0.07 ms is that fit less those launches, and one batched product per step. Plain update: fitted to split passes of
 # levels 1-2 at T 8192 and 32768 (NOTES, fifth session): the copy, the combine launch and the launch gaps; its steps
 # are a pipelined multiply-add each. The sixth session's periods (split passes timed alone) keep it: with them the
-# model picks the measured best split of levels 1-2 within 1% (NOTES), a CUDA graph's saved table copy included.
+# model's splits of levels 1-2 come within 1% of the measured best (NOTES), a CUDA graph's saved table copy
+# included.
 SPLIT_FIXED_MS = {True: 0.07, False: 0.015}
 COMBINE_STEP_MS = {True: 0.005, False: 0.0005}
 SEGMENT_CHUNKS = (8, 16, 32, 64, 128, 256)
