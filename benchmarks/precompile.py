@@ -17,23 +17,23 @@ from concurrent.futures import ProcessPoolExecutor
 
 def compile_one(job):
     kind, cfg = job
-    from tilela.kernels import hopper
-    from tilela.kernels.hopper import chunk_fwd, chunk_fwd_ws
+    from tilela.kernels.hopper import launch
+    from tilela.kernels.hopper.plan import loop_tiles
 
     t = time.time()
     try:
         if kind == "chunk_fwd":
             K, gate, delta, dtype, beta_dtype, flags = cfg
-            hopper.compiled(chunk_fwd.chunk_fwd_kernel, K, K, float(K) ** -0.5, gate, delta, dtype, beta_dtype,
-                            *flags, *chunk_fwd.default_config(K, gate, delta, dtype), warp_specialized=True)
+            launch.compiled(launch.chunk_fwd_kernel, K, K, float(K) ** -0.5, gate, delta, dtype, beta_dtype,
+                            *flags, *loop_tiles(K, gate, delta, dtype), warp_specialized=True)
         elif kind == "ws":
             K, V, gate, delta, dtype, beta_dtype, flags, block_DV, store_output = cfg
-            hopper.compiled(chunk_fwd_ws.chunk_fwd_ws_kernel, K, V, float(K) ** -0.5, gate, delta, dtype,
+            launch.compiled(launch.chunk_fwd_ws_kernel, K, V, float(K) ** -0.5, gate, delta, dtype,
                             beta_dtype, *flags, block_DV, store_output, warp_specialized=True)
         else:
-            builder = {"kkt": hopper.kkt_solve_kernel, "cumsum": hopper.chunk_local_cumsum_kernel,
-                       "gla": hopper.gla_factors_kernel, "combine": hopper.seq_combine_kernel}[kind]
-            hopper.compiled(builder, *cfg)
+            builder = {"kkt": launch.kkt_solve_kernel, "cumsum": launch.chunk_local_cumsum_kernel,
+                       "gla": launch.gla_factors_kernel, "combine": launch.seq_combine_kernel}[kind]
+            launch.compiled(builder, *cfg)
         return job, time.time() - t, None
     except Exception as e:  # report and go on: a miss only costs a compile on the device
         return job, time.time() - t, repr(e)[:300]
@@ -45,7 +45,7 @@ def jobs():
     ladder levels in the pass that serves them, the warp-specialised pass at every DV block it is built for
     (chunk_fwd_ws.dv_blocks) and its sequence-split transitions."""
     from tilela.kernels.hopper import CUMSUM_CONFIGS, GLA_FACTORS_CONFIGS, KKT_CONFIGS, SEQ_COMBINE_CONFIGS
-    from tilela.kernels.hopper.chunk_fwd_ws import covers, dv_blocks
+    from tilela.kernels.hopper.plan import dv_blocks, ws_covers
 
     out = ([("cumsum", c) for c in CUMSUM_CONFIGS] + [("kkt", c) for c in KKT_CONFIGS]
            + [("gla", c) for c in GLA_FACTORS_CONFIGS] + [("combine", c) for c in SEQ_COMBINE_CONFIGS])
@@ -59,7 +59,7 @@ def jobs():
         for beta_dtype in betas:
             if gate == "channel" or K == 256 or (gate, delta) == ("scalar", True):
                 out.append(("chunk_fwd", (K, gate, delta, dtype, beta_dtype, flags)))
-            if covers(K, K, gate, delta, dtype):
+            if ws_covers(dtype, K, K, gate, delta):
                 out += [("ws", (K, K, gate, delta, dtype, beta_dtype, flags, block_DV, True))
                         for block_DV in dv_blocks(K)]
                 if gate != "channel" and flags == (True, delta, True):  # the state pass alone: the sequence

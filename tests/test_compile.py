@@ -15,6 +15,10 @@ import pytest
 tilelang = pytest.importorskip("tilelang")
 
 from tilela.kernels import hopper  # noqa: E402
+from tilela.kernels.hopper.cumsum import chunk_local_cumsum_kernel  # noqa: E402
+from tilela.kernels.hopper.gla_factors import gla_factors_kernel  # noqa: E402
+from tilela.kernels.hopper.kkt_solve import kkt_solve_kernel  # noqa: E402
+from tilela.kernels.hopper.seq_combine import seq_combine_kernel  # noqa: E402
 
 pytestmark = [
     pytest.mark.compile,
@@ -24,8 +28,8 @@ pytestmark = [
 CASES = ([("cumsum", c) for c in hopper.CUMSUM_CONFIGS] + [("kkt_solve", c) for c in hopper.KKT_CONFIGS]
          + [("gla_factors", c) for c in hopper.GLA_FACTORS_CONFIGS]
          + [("seq_combine", c) for c in hopper.SEQ_COMBINE_CONFIGS])
-BUILDERS = {"cumsum": hopper.chunk_local_cumsum_kernel, "kkt_solve": hopper.kkt_solve_kernel,
-            "gla_factors": hopper.gla_factors_kernel, "seq_combine": hopper.seq_combine_kernel}
+BUILDERS = {"cumsum": chunk_local_cumsum_kernel, "kkt_solve": kkt_solve_kernel, "gla_factors": gla_factors_kernel,
+            "seq_combine": seq_combine_kernel}
 
 
 def _lower(case):
@@ -33,7 +37,7 @@ def _lower(case):
     error raises)."""
     from tilelang import tvm
 
-    from tilela.kernels import pass_configs, target
+    from tilela.kernels.hopper.common import pass_configs, target
 
     kind, static = case
     builder = BUILDERS[kind]

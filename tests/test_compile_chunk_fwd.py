@@ -82,16 +82,17 @@ def _lower(case):
     """(CUDA source, dynamic shared memory bytes) of one configuration; nvcc compiles it (an error raises)."""
     from tilelang import tvm
 
-    from tilela.kernels import pass_configs
-    from tilela.kernels.hopper.chunk_fwd import chunk_fwd_kernel, default_config
+    from tilela.experiments.linear_attn_seq_in_grid import linear_attn_seq_in_grid_kernel
+    from tilela.kernels.hopper.chunk_fwd import chunk_fwd_kernel
     from tilela.kernels.hopper.chunk_fwd_ws import chunk_fwd_ws_kernel
-    from tilela.kernels.hopper.linear_attn_seq_in_grid import linear_attn_seq_in_grid_kernel
+    from tilela.kernels.hopper.common import pass_configs
+    from tilela.kernels.hopper.plan import loop_tiles
 
     kind, gate, delta, K, dtype, beta_dtype, flags = case
     H, HV = 2, 4
     if kind == "chunk_fwd":
         func = chunk_fwd_kernel(K, K, K**-0.5, gate, delta, dtype, beta_dtype or "float32", *flags,
-                                *default_config(K, gate, delta, dtype))
+                                *loop_tiles(K, gate, delta, dtype))
     elif kind.startswith("ws"):
         split = kind.startswith("ws_split")
         V = 2 * K if split and delta else K  # the transitions' [V | 0] value with the delta rule

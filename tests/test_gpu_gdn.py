@@ -1,10 +1,11 @@
 """GDN state/output kernels (scalar gate + delta rule) on a Hopper GPU against the float64 reference stack
 (layer B, reference.chunked): the warp-specialised pass (chunk_fwd_ws, K <= 128; DV blocks by grid size, 32 on the
 smallest grids at K = 128, then 64, 128 from 66 CTAs on; and every block it is built for) and the single-warp-group
-pass (chunk_fwd, every K).
+pass (chunk_fwd, every K), and the sequence split.
 
-The kernel gets the chunk-local cumsum gc and A = kkt_solve(...) from the reference, rounded to the kernel's
-input types (gc fp32, A in q's dtype), so the test isolates the state/output pass.
+The plan takes the chunk-local cumsum gc (g_input="cumsum") and hopper.forward A = kkt_solve(...) from the
+reference, rounded to the kernel's input types (gc fp32, A in q's dtype), so the test isolates the state/output
+pass.
 """
 
 import pytest
@@ -18,9 +19,8 @@ pytestmark = pytest.mark.gpu
 if not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)):
     pytest.skip("needs a Hopper GPU", allow_module_level=True)
 
-from tilela.kernels.hopper.chunk_fwd import chunk_forward  # noqa: E402
-from tilela.kernels.hopper.chunk_fwd_ws import dv_blocks  # noqa: E402
-from tilela.kernels.hopper.seq_split import SegmentPlan  # noqa: E402
+from tilela.kernels import hopper  # noqa: E402
+from tilela.kernels.hopper.plan import SegmentPlan, dv_blocks  # noqa: E402
 
 TOL = 1e-2
 
@@ -50,15 +50,14 @@ def run_case(B, T, H, HV, K, dtype=torch.bfloat16, beta_dtype=torch.float32, gat
     A = reference.kkt_solve(k, beta, g=gc, chunk_size=64, cu_seqlens=cu)
     scale = K**-0.5
     o_ref, ht_ref = reference.chunked(q, k, v, g=g, beta=beta, scale=scale, initial_state=h0, cu_seqlens=cu)
-    dev = "cuda"
-    o, ht = chunk_forward(
-        q.to(dev), k.to(dev), v.to(dev), gc.float().to(dev), beta.to(dev), A.to(dtype).to(dev), scale,
-        initial_state=None if h0 is None else h0.float().to(dev), output_final_state=store_ht,
-        cu_seqlens=None if cu is None else cu.to(dev), kernel=kernel, block_DV=block_DV,
-        segments=None if segment_chunks is None else SegmentPlan.of(
-            [T] * B if cu_seqlens is None else [e - s for s, e in zip(cu_seqlens[:-1], cu_seqlens[1:])],
-            segment_chunks),
-    )
+    lengths = [T] * B if cu_seqlens is None else [e - s for s, e in zip(cu_seqlens[:-1], cu_seqlens[1:])]
+    q, k, v, gc, beta, A = (x.cuda() for x in (q, k, v, gc.float(), beta, A.to(dtype)))
+    h0 = None if h0 is None else h0.float().cuda()
+    plan = hopper.plan_call(q, v, gc, beta, scale, gate="scalar", lengths=lengths, initial_state=h0 is not None,
+                            output_final_state=store_ht, varlen=cu is not None, g_input="cumsum", kernel=kernel,
+                            block_DV=block_DV,
+                            split=None if segment_chunks is None else SegmentPlan.of(lengths, segment_chunks))
+    o, ht = hopper.forward(plan, q, k, v, gc, beta, h0, None if cu is None else cu.cuda(), A=A)
     torch.cuda.synchronize()
     assert o.dtype == dtype and o.shape == v.shape
     assert torch.isfinite(o).all()
@@ -106,7 +105,7 @@ def test_gdn_forward_every_dv_block(name, block_DV):
 
 
 def test_gdn_forward_new_length_heads_or_layout_reuses_kernel():
-    from tilela.kernels.hopper import compiled
+    from tilela.kernels.hopper.launch import compiled
 
     run_case(B=1, T=70, H=1, HV=2, K=128)
     run_case(B=1, T=90, H=1, HV=2, K=128, cu_seqlens=[0, 20, 90])

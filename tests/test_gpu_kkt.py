@@ -20,7 +20,8 @@ pytestmark = pytest.mark.gpu
 if not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)):
     pytest.skip("needs a Hopper (sm_90) GPU", allow_module_level=True)
 
-from tilela.kernels.hopper import KKT_METHODS, chunk_local_cumsum, kkt_solve  # noqa: E402
+from tilela import chunk_local_cumsum, kkt_solve  # noqa: E402
+from tilela.kernels.hopper import KKT_METHODS  # noqa: E402
 
 DEV = "cuda"
 # rel L2 of A - I vs float64 (the exact diagonal would hide errors): output rounding alone gives 1.7e-3 (bf16)
@@ -81,7 +82,7 @@ def test_chunk_local_cumsum(chunk, kind, channels, dtype):
     shape = (B, T, 6) if channels is None else (B, T, 6, channels)
     g = torch.nn.functional.logsigmoid(torch.randn(shape, generator=gen)).to(dtype)
     for scale in (None, 1 / math.log(2)):
-        out = chunk_local_cumsum(g.to(DEV), chunk, None if cu is None else cu.to(DEV), scale)
+        out = chunk_local_cumsum(g.to(DEV), chunk, None if cu is None else cu.to(DEV), scale=scale)
         ref = reference.chunk_local_cumsum(g, chunk, cu, scale)
         assert out.dtype == torch.float32 and out.shape == g.shape
         assert rel_l2(out, ref) < 1e-6
@@ -104,7 +105,7 @@ def test_kkt_solve(chunk, method, gate, dtype, kind, heads):
     g = raw_gate(B, T, HV, gate, gen)
     gc = None if g is None else reference.chunk_local_cumsum(g, chunk, cu).float()
     A = kkt_solve(k.to(DEV), beta.to(DEV), None if gc is None else gc.to(DEV), chunk,
-                  None if cu is None else cu.to(DEV), method)
+                  None if cu is None else cu.to(DEV), method=method)
     ref = reference.kkt_solve(k, beta, gc, chunk, cu)
     assert A.dtype == dtype and A.shape == (B, T, HV, chunk)
     assert torch.isfinite(A).all()
@@ -127,7 +128,7 @@ def test_kkt_solve_per_channel_gate(chunk, method, dtype, kind):
     g = torch.nn.functional.logsigmoid(2 * torch.randn(B, T, HV, K, generator=gen) - 1).clamp_min(-5)
     g[..., : K // 4] = 0
     gc = reference.chunk_local_cumsum(g, chunk, cu).float()
-    A = kkt_solve(k.to(DEV), beta.to(DEV), gc.to(DEV), chunk, None if cu is None else cu.to(DEV), method)
+    A = kkt_solve(k.to(DEV), beta.to(DEV), gc.to(DEV), chunk, None if cu is None else cu.to(DEV), method=method)
     ref = reference.kkt_solve(k, beta, gc, chunk, cu)
     assert A.dtype == dtype and A.shape == (B, T, HV, chunk)
     assert torch.isfinite(A).all()
@@ -141,7 +142,7 @@ def test_kkt_solve_large_matches_reference():
     gc = reference.chunk_local_cumsum(raw_gate(1, 4096, 8, "weak", gen), 64).float()
     ref = reference.kkt_solve(k, beta, gc, 64)
     for method in ("blocked", "neumann"):
-        A = kkt_solve(k.to(DEV), beta.to(DEV), gc.to(DEV), 64, None, method)
+        A = kkt_solve(k.to(DEV), beta.to(DEV), gc.to(DEV), 64, None, method=method)
         assert offdiag_err(A, ref, None) < TOL[torch.bfloat16]
 
 
@@ -150,7 +151,7 @@ def test_kkt_solve_beta_zero_gives_identity(chunk, method):
     gen = torch.Generator().manual_seed(1)
     cu = torch.tensor([0, 5, 70, 71, 200])
     k, _ = make_inputs(1, 200, 2, 4, 128, torch.bfloat16, gen)
-    A = kkt_solve(k.to(DEV), torch.zeros(1, 200, 4, device=DEV), None, chunk, cu.to(DEV), method).cpu()
+    A = kkt_solve(k.to(DEV), torch.zeros(1, 200, 4, device=DEV), None, chunk, cu.to(DEV), method=method).cpu()
     assert torch.equal(A.double(), chunk_identity(1, 200, 4, chunk, cu))
 
 
@@ -180,7 +181,7 @@ def test_kkt_solve_single_coupling_block_is_negated(chunk, method, row_block):
     gen = torch.Generator().manual_seed(2)
     k, Q = _one_coupling_block(chunk, row_block, gen)
     beta = torch.rand(1, chunk, 2, generator=gen) * 0.9 + 0.05
-    A = kkt_solve(k[None, :, None].to(torch.float16).to(DEV), beta.to(DEV), None, chunk, None, method)
+    A = kkt_solve(k[None, :, None].to(torch.float16).to(DEV), beta.to(DEV), None, chunk, None, method=method)
     A = A[0].double().cpu()  # [C, 2, C]
     for h in range(2):
         L = torch.zeros(chunk, chunk, dtype=torch.float64)

@@ -4,8 +4,9 @@ pass after gla_factors, and the single-warp-group pass), 4 delta_rule, and the p
 builder produces, also end to end on our kernels (kda_pipeline: gc and A from the cumsum and per-channel kkt_solve
 kernels); gla_factors alone against reference.chunk_math.gated_factors.
 
-The state/output kernel gets the chunk-local cumsum gc and A = kkt_solve(...) from the reference, rounded to the
-kernel's input types (gc fp32, A in q's dtype), so each test isolates the state/output pass.  Varlen layouts hold
+The state/output kernel gets the chunk-local cumsum gc (a plan with g_input="cumsum") and A = kkt_solve(...) from
+the reference, rounded to the kernel's input types (gc fp32, A in q's dtype), so each test isolates the state/output
+pass.  Varlen layouts hold
 1-token sequences and lengths that are not multiples of 64; states enter and leave; bf16 and fp16, K = 64 and 128.
 Every (level, layout) job runs in its own spawned worker process, so the TileLang compiles (one per static
 configuration) run in parallel; the tests then check the collected errors.
@@ -26,9 +27,10 @@ pytestmark = pytest.mark.gpu
 if not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)):
     pytest.skip("needs a Hopper GPU", allow_module_level=True)
 
+from tilela import ops  # noqa: E402
+from tilela.experiments.linear_attn_seq_in_grid import linear_attn_seq_in_grid  # noqa: E402
 from tilela.kernels import hopper  # noqa: E402
-from tilela.kernels.hopper.chunk_fwd import chunk_forward  # noqa: E402
-from tilela.kernels.hopper.linear_attn_seq_in_grid import linear_attn_seq_in_grid  # noqa: E402
+from tilela.kernels.hopper import launch  # noqa: E402
 
 TOL = 1e-2
 LEVELS = {  # name: (gate, delta rule)
@@ -82,13 +84,18 @@ def run_level(level, B, T, H, HV, K, dtype, cu_seqlens=None, use_h0=True, seed=0
 
     state = dict(initial_state=dev(h0, torch.float32), output_final_state=True, cu_seqlens=dev(cu))
     if level == "kda_pipeline":
-        gc = hopper.chunk_local_cumsum(dev(g, torch.float32), 64, dev(cu))
-        A = hopper.kkt_solve(dev(k), dev(beta, torch.float32), gc, 64, dev(cu))
+        gc = ops.chunk_local_cumsum(dev(g, torch.float32), 64, dev(cu))
+        A = ops.kkt_solve(dev(k), dev(beta, torch.float32), gc, 64, dev(cu))
     if level == "linear_attn_seq_in_grid":
         o, ht = linear_attn_seq_in_grid(dev(q), dev(k), dev(v), scale, **state)
     else:
-        o, ht = chunk_forward(dev(q), dev(k), dev(v), dev(gc, torch.float32), dev(beta), dev(A, dtype), scale, **state,
-                              kernel=kernel)
+        args = dev(q), dev(k), dev(v), dev(gc, torch.float32), dev(beta)
+        plan = hopper.plan_call(args[0], args[2], args[3], args[4], scale, gate=gate,
+                                lengths=[T] * B if cu_seqlens is None else [e - s for s, e in zip(cu_seqlens[:-1],
+                                                                                                  cu_seqlens[1:])],
+                                initial_state=use_h0, output_final_state=True, varlen=cu is not None,
+                                g_input="cumsum", kernel=kernel, split=None)
+        o, ht = hopper.forward(plan, *args, state["initial_state"], state["cu_seqlens"], A=dev(A, dtype))
     torch.cuda.synchronize()
     assert o.dtype == dtype and o.shape == v.shape
     assert torch.isfinite(o).all() and torch.isfinite(ht).all()
@@ -141,8 +148,10 @@ def test_gla_factors_match_reference(case, cumsum):
     cu = c.get("cu_seqlens")
     gc = reference.chunk_local_cumsum(g, 64, cu_seqlens=None if cu is None else torch.tensor(cu))
     scale = K**-0.5
-    Qg, Kd, P, D = hopper.gla_factors(q.cuda(), k.cuda(), (g if cumsum else gc).float().cuda(), scale,
-                                      None if cu is None else torch.tensor(cu, dtype=torch.int32).cuda(), cumsum)
+    q_d = q.cuda()
+    sched = launch.Schedule.of(q_d, None if cu is None else torch.tensor(cu, dtype=torch.int32).cuda())
+    Qg, Kd, P, D = launch.launch_factors((K, launch.DTYPES[dtype], cumsum), q_d, k.cuda(),
+                                      (g if cumsum else gc).float().cuda(), scale, sched)
     G = HV // c["H"]
     qv, kv = (x.double().repeat_interleave(G, dim=2) for x in (q, k))  # value head h reads q/k head h // G
     ref = [torch.zeros(B, T, HV, n, dtype=torch.float64) for n in (K, K, 64)]

@@ -64,7 +64,7 @@ def test_gdn_against_float64_reference(lengths, B, h_qk, h_v, dim, dtype, gate, 
     assert rel_l2(S, ref_S) < 1e-2
 
 
-# a layout auto_plan splits over 4 value heads for GDN and simple_gla (tests/test_seq_split.py checks it)
+# a layout auto_split splits over 4 value heads for GDN and simple_gla (tests/test_seq_split.py checks it)
 SPLIT_LAYOUT = (10000, 1, 190)
 
 
@@ -73,15 +73,15 @@ SPLIT_LAYOUT = (10000, 1, 190)
                                                  ((8192,), 4, True)], ids=["varlen", "varlen_split", "dense_split"])
 @pytest.mark.parametrize("table_copied_before", [True, False], ids=["eager_table", "table_node"])
 def test_ops_capture_in_a_cuda_graph(op, lengths, h_v, splits, table_copied_before, monkeypatch):
-    """The whole op replays from a CUDA graph on new inputs, unsplit and with the sequence split (auto_plan
+    """The whole op replays from a CUDA graph on new inputs, unsplit and with the sequence split (auto_split
     splits a 10000-token sequence over 4 value heads), varlen and dense (a single sequence without cu_seqlens): GDN
     (the delta rule's combine) and simple_gla (the plain update's combine kernel). The split's segment table is the
     eager call's copy, or (no copy kept from before the capture) a copy node of the graph."""
     from tilela.kernels.hopper import multiprocessors, seq_split
-    from tilela.kernels.hopper.seq_split import auto_plan
+    from tilela.kernels.hopper.plan import auto_split
 
     delta = op == "chunk_gated_delta_rule"
-    plan = auto_plan(lengths, h_v, multiprocessors(torch.device("cuda")), 128, "scalar", delta)
+    plan = auto_split(lengths, h_v, multiprocessors(torch.device("cuda")), 128, "scalar", delta)
     assert (plan is not None) == splits
     dense = len(lengths) == 1
     x = make(None if dense else lengths, 1, 2, h_v, 128, torch.bfloat16, "mixed", seed=3, T=sum(lengths))
@@ -118,7 +118,9 @@ def test_ops_capture_in_a_cuda_graph(op, lengths, h_v, splits, table_copied_befo
 def test_seq_combine_matches_entering_states(gate, with_h0):
     """The plain update's combine kernel (hopper/seq_combine.py) against its float64 stage: 302 segments in one
     sequence (three blocks of 128 decays), an empty and a one-token sequence, a head without decay."""
-    from tilela.kernels.hopper.seq_split import SegmentPlan, entering_states, segment_table
+    from tilela.kernels.hopper.launch import launch_combine
+    from tilela.kernels.hopper.plan import SegmentPlan
+    from tilela.kernels.hopper.seq_split import segment_table
 
     lengths = [64 * 603 + 5, 0, 1, 700]
     plan = SegmentPlan.of(lengths, 2)
@@ -132,8 +134,9 @@ def test_seq_combine_matches_entering_states(gate, with_h0):
         g = F.logsigmoid(torch.randn(1, sum(lengths), HV, generator=gen)) / 16
         g[..., 0] = 0.0
         gc = reference.chunk_local_cumsum(g, 64, torch.tensor([0, *itertools.accumulate(lengths)])).float()
-    S_in, final = entering_states(B.cuda(), None if gc is None else gc.cuda(), table.cu_segments, table.first,
-                                  None if h0 is None else h0.cuda())
+    S_in, final = launch_combine((K, K, "scalar" if gate else "none", h0 is not None), B.cuda(),
+                              None if gc is None else gc.cuda(), table.cu_segments, table.first,
+                              None if h0 is None else h0.cuda())
     ref_in, ref_final = reference.entering_states(B, gc, table.cu_segments.cpu(), table.first.cpu(), h0)
     assert rel_l2(S_in, ref_in) < 1e-5 and rel_l2(final, ref_final) < 1e-5
 
@@ -175,13 +178,13 @@ def _ladder_op_against_reference(op, x, g, delta):
 @pytest.mark.parametrize("op,gate,delta", [("chunk_linear_attn", None, False), ("chunk_simple_gla", "scalar", False),
                                            ("chunk_delta_rule", None, True)])
 def test_ladder_ops_split_long_sequences(op, gate, delta):
-    """Levels 1, 2 and 4 on a layout auto_plan splits (a 30000-token sequence over 4 heads): the plain update's
+    """Levels 1, 2 and 4 on a layout auto_split splits (a 30000-token sequence over 4 heads): the plain update's
     transitions (B from a zero state) and combine kernel, and the delta rule's ([B | M])."""
     from tilela.kernels.hopper import multiprocessors
-    from tilela.kernels.hopper.seq_split import auto_plan
+    from tilela.kernels.hopper.plan import auto_split
 
     lengths = (30000, 1, 190)
-    assert auto_plan(lengths, 4, multiprocessors(torch.device("cuda")), 128, gate or "none", delta) is not None
+    assert auto_split(lengths, 4, multiprocessors(torch.device("cuda")), 128, gate or "none", delta) is not None
     x = make(lengths, 1, 4, 4, 128, torch.bfloat16, "mixed", seed=11)
     _ladder_op_against_reference(op, x, x["g"] if gate else None, delta)
 

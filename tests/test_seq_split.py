@@ -12,9 +12,9 @@ import torch
 import torch.nn.functional as F
 
 from tilela import reference
-from tilela.kernels.hopper.chunk_fwd_ws import CHUNK_US
-from tilela.kernels.hopper.seq_split import (COMBINE_STEP_MS, SPLIT_FIXED_MS, SegmentPlan, auto_plan, host_table,
-                                             modelled_ms, segment_table, split_forward)
+from tilela.kernels.hopper.plan import (CHUNK_US, COMBINE_STEP_MS, SPLIT_FIXED_MS, SegmentPlan, auto_split,
+                                        modelled_ms)
+from tilela.kernels.hopper.seq_split import host_table, segment_table, split_forward
 
 F64 = torch.float64
 
@@ -59,7 +59,7 @@ def test_segment_plan_rejects_empty_segments():
     ([1024] * 8, 8, "scalar", True, None),
 ])
 def test_auto_plan_splits_only_long_sequences_on_small_grids(lengths, heads, gate, delta, segment_chunks):
-    plan = auto_plan(lengths, heads, 132, 128, gate, delta)
+    plan = auto_split(lengths, heads, 132, 128, gate, delta)
     assert (plan and plan.segment_chunks) == segment_chunks
     if plan is not None:
         assert plan == SegmentPlan.of(lengths, segment_chunks)
@@ -127,10 +127,10 @@ def _problem(gate, delta, lengths, B=1, T=None, H=1, G=2, K=8, V=12, seed=0):
     )
 
 
-def _stand_in(g_raw):
+def _stand_in(g_raw, scale):
     """A float64 state pass with the contract split_forward drives (varlen layout): reference layer B over the
-    segments, from the raw gate (segments start at chunk boundaries, so its chunk-local cumsum is g_cumsum)."""
-    def state_pass(q, k, v, g_cumsum, beta, A, scale, h0, cu_seqlens, store_output, store_final_state):
+    segments, from the raw gate (segments start at chunk boundaries, so its chunk-local cumsum is the one given)."""
+    def state_pass(q, k, v, g_cumsum, beta, A, h0, cu_seqlens):
         g1 = None if g_raw is None else g_raw.reshape(1, -1, g_raw.shape[2])
         return reference.chunked(q, k, v, g=g1, beta=beta, scale=scale, initial_state=h0,
                                  cu_seqlens=cu_seqlens.long())
@@ -148,12 +148,12 @@ def test_split_forward_matches_unsplit(gate, delta, segment_chunks, layout):
     B, T = p["v"].shape[:2]
     plan = SegmentPlan.of(lengths or [T] * B, segment_chunks)
     gc = None if p["g"] is None else reference.chunk_local_cumsum(p["g"], 64, p["cu_seqlens"])
-    cu = None if p["cu_seqlens"] is None else p["cu_seqlens"].to(torch.int32)
     for h0 in (p["initial_state"], None):
         # the delta rule is told by A; the stand-in forms its own A from beta, so any [B, T, HV, 64] tensor will do
         A = None if p["beta"] is None else torch.zeros(*p["v"].shape[:3], 64, dtype=F64)
-        o, S = split_forward(_stand_in(p["g"]), reference.entering_states, p["q"], p["k"], p["v"], gc, p["beta"], A,
-                             8 ** -0.5, h0, True, plan)
+        state_pass = _stand_in(p["g"], 8 ** -0.5)
+        o, S = split_forward(state_pass, state_pass, reference.entering_states, p["q"], p["k"], p["v"], gc, p["beta"],
+                             A, h0, True, plan)
         if h0 is None:
             o_ref, S_ref = reference.chunked(**dict(p, initial_state=None))
         torch.testing.assert_close(o.double(), o_ref, rtol=0, atol=1e-9)

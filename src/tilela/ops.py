@@ -28,8 +28,8 @@ from .torch_path import chunk as torch_path
 
 
 def _hopper(*tensors):
-    """The Hopper kernel launchers when every given tensor sits on an sm_90 GPU, else None
-    (then the PyTorch path runs)."""
+    """The Hopper backend when every given tensor sits on an sm_90 GPU and TileLang imports, else None (then the
+    PyTorch path runs)."""
     present = [t for t in tensors if t is not None]
     if not all(t.is_cuda for t in present):
         return None
@@ -53,62 +53,12 @@ def _attention(q, k, v, g, g_kind, beta, needs_beta, scale, initial_state, outpu
         q, k = _l2norm(q), _l2norm(k)
     scale = dims.K ** -0.5 if scale is None else float(scale)
     hopper = _hopper(q, k, v, g, beta, initial_state, cu_seqlens)
-    if hopper is not None and _hopper_covers(q.dtype, g_kind, needs_beta, dims):
-        return _hopper_attention(hopper, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
-                                 segments=_split_plan(hopper, v, g_kind, needs_beta, dims))
+    if hopper is not None and hopper.plan.covers(hopper.DTYPE_NAMES.get(q.dtype), dims.K, dims.V, g_kind, needs_beta):
+        plan = hopper.plan_call(q, v, g, beta, scale, gate=g_kind, lengths=[e - s for s, e in dims.seq_bounds],
+                                initial_state=initial_state is not None, output_final_state=output_final_state,
+                                varlen=cu_seqlens is not None)
+        return hopper.forward(plan, q, k, v, g, beta, initial_state, cu_seqlens)
     return torch_path.chunk_attention(q, k, v, g, beta, scale, initial_state, output_final_state, dims)
-
-
-def _hopper_covers(dtype, g_kind, needs_beta, dims) -> bool:
-    """What the TileLang pipeline runs: bf16/fp16, K = V in {64, 128, 256}; the per-channel gate only up
-    to K = 128 (shared memory) and not with the delta rule (KDA: its kernels pass the GPU tests, the public op
-    has not run through them on a GPU yet)."""
-    if dtype not in (torch.bfloat16, torch.float16) or dims.K != dims.V or dims.K not in (64, 128, 256):
-        return False
-    return g_kind != "channel" or (dims.K <= 128 and not needs_beta)
-
-
-def _split_plan(hopper, v, g_kind, delta, dims):
-    """The sequence split of this call (kernels.hopper.seq_split.auto_plan over the host sequence lengths), or
-    None: unsplit, a per-channel gate (whose transitions are not scalar), or a configuration the warp-specialised
-    pass does not cover."""
-    from .kernels.hopper import chunk_fwd_ws, seq_split
-
-    if g_kind not in seq_split.GATES or not chunk_fwd_ws.covers(dims.K, dims.V, g_kind, delta,
-                                                                 hopper.DTYPES[v.dtype]):
-        return None
-    lengths = [eos - bos for bos, eos in dims.seq_bounds]
-    return seq_split.auto_plan(lengths, dims.HV, hopper.multiprocessors(v.device), dims.K, g_kind, delta)
-
-
-def _hopper_attention(hopper, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
-                      segments=None):
-    """The TileLang pipeline: gate cumsum (chunk_gla: inside gla_factors), kkt_solve (delta rule), then the fused
-    state/output pass with the sequence loop inside the block (kernels.hopper.chunk_fwd: the warp-specialised
-    chunk_fwd_ws for K <= 128 with a scalar gate or none, or a per-channel gate with the plain update after
-    gla_factors; the single-warp-group pass for the rest). segments: a kernels.hopper.seq_split.SegmentPlan to run
-    the segments of long sequences in parallel CTAs, or None."""
-    from .kernels.hopper import chunk_fwd_ws
-    from .kernels.hopper.chunk_fwd import chunk_forward
-
-    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    if cu_seqlens is not None:
-        cu_seqlens = cu_seqlens.to(torch.int32).contiguous()
-    g_cumsum = None
-    K, V = q.shape[3], v.shape[3]
-    summed_in_pass = (g is not None and g.dim() == 4  # gla: gla_factors sums the gate in its tile
-                      and chunk_fwd_ws.covers(K, V, "channel", beta is not None, hopper.DTYPES[q.dtype]))
-    if g is not None:
-        g = g if g.dtype in hopper.DTYPES else g.float()
-        g_cumsum = g.contiguous() if summed_in_pass else hopper.chunk_local_cumsum(g.contiguous(), 64, cu_seqlens)
-    A = None
-    if beta is not None:
-        beta = beta.contiguous() if beta.dtype in (torch.float32, q.dtype) else beta.float().contiguous()
-        A = hopper.kkt_solve(k, beta, g_cumsum, 64, cu_seqlens)
-    if initial_state is not None:
-        initial_state = initial_state.float().contiguous()
-    return chunk_forward(q, k, v, g_cumsum, beta, A, scale, initial_state, output_final_state, cu_seqlens,
-                         segments=segments, g_is_cumsum=not summed_in_pass)
 
 
 def chunk_gated_delta_rule(
@@ -246,9 +196,12 @@ def kkt_solve(
     dims = V.check_kkt(k, beta, g, chunk_size, method, cu_seqlens, cu_seqlens_cpu)
     hopper = _hopper(k, beta, g)
     if hopper is not None and k.dtype in (torch.bfloat16, torch.float16) and dims.K % 64 == 0:
-        return hopper.kkt_solve(k.contiguous(), beta.contiguous(), None if g is None else g.float().contiguous(),
-                                chunk_size, None if cu_seqlens is None else cu_seqlens.to(torch.int32).contiguous(),
-                                method)
+        from .kernels.hopper import launch
+
+        gate = "none" if g is None else ("scalar" if g.dim() == 3 else "channel")
+        key = hopper.plan.kkt_key(chunk_size, method, hopper.DTYPE_NAMES[k.dtype], gate, dims.HV // dims.H)
+        return launch.launch_kkt(key, k.contiguous(), beta.contiguous(), None if g is None else g.float().contiguous(),
+                                launch.Schedule.of(k, cu_seqlens))
     return torch_path.kkt_solve(k, beta, g, chunk_size, dims)
 
 
@@ -265,6 +218,8 @@ def chunk_local_cumsum(
     dims = V.check_cumsum(g, chunk_size, scale, cu_seqlens, cu_seqlens_cpu)
     hopper = _hopper(g)
     if hopper is not None and g.dtype != torch.float64:
-        return hopper.chunk_local_cumsum(g.contiguous(), chunk_size,
-                                         None if cu_seqlens is None else cu_seqlens.to(torch.int32).contiguous(), scale)
+        from .kernels.hopper import launch
+
+        return launch.launch_cumsum((chunk_size, hopper.DTYPE_NAMES[g.dtype]), g.contiguous(),
+                                         launch.Schedule.of(g, cu_seqlens), scale)
     return torch_path.chunk_local_cumsum(g, chunk_size, scale, dims)

@@ -90,27 +90,26 @@ def _try_import(name):
         return None
 
 
-def split_plan(lengths: list[int], v: torch.Tensor, K: int, gate: str = "scalar", delta: bool = True):
-    """The sequence split the public ops plan for these sequence lengths and v's value heads and device
-    (kernels.hopper.seq_split.auto_plan), or None."""
+def hopper_plan(x: dict[str, Any], lengths: list[int], K: int, gate: str, **options):
+    """The Hopper plan the public op makes for these inputs (x: q, v, initial_state and optionally g, beta,
+    cu_seqlens), with kernels.hopper.make_plan's options (kernel, block_DV, split, g_input, outputs)."""
     from tilela.kernels import hopper
-    from tilela.kernels.hopper.seq_split import auto_plan
 
-    return auto_plan(lengths, v.shape[2], hopper.multiprocessors(v.device), K, gate, delta)
+    return hopper.plan_call(x["q"], x["v"], x.get("g"), x.get("beta"), K**-0.5, gate=gate, lengths=lengths,
+                            initial_state=x.get("initial_state") is not None, output_final_state=True,
+                            varlen=x.get("cu_seqlens") is not None, **options)
 
 
-def ours_unsplit(x: dict[str, Any], lengths: list[int], K: int) -> torch.Tensor | None:
+def ours_unsplit(x: dict[str, Any], lengths: list[int], K: int, gate: str) -> torch.Tensor | None:
     """o of our Hopper pipeline with the sequence split turned off, or None where the public op does not split
-    this call (then the row would repeat the op's). x: q, k, v, initial_state and optionally g, beta,
-    cu_seqlens."""
-    from tilela import ops
+    this call (then the row would repeat the op's)."""
     from tilela.kernels import hopper
 
-    gate = "none" if x.get("g") is None else "scalar"
-    if split_plan(lengths, x["v"], K, gate, delta=x.get("beta") is not None) is None:
+    if hopper_plan(x, lengths, K, gate).split is None:
         return None
-    o, _ = ops._hopper_attention(hopper, x["q"], x["k"], x["v"], x.get("g"), x.get("beta"), K**-0.5,
-                                 x["initial_state"], True, x.get("cu_seqlens"), segments=None)
+    plan = hopper_plan(x, lengths, K, gate, split=None)
+    o, _ = hopper.forward(plan, x["q"], x["k"], x["v"], x.get("g"), x.get("beta"), x.get("initial_state"),
+                          x.get("cu_seqlens"))
     return o
 
 

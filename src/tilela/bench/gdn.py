@@ -7,7 +7,7 @@ warms up until the decay has forgotten the past and so its speed depends on the 
   decay   g = logsigmoid(randn + 3) on every head
 Implementations (all given cu_seqlens and, where they take it, its host copy):
   tilela      tilela.chunk_gated_delta_rule (TileLang kernels end to end; long sequences split across CTAs where
-              kernels.hopper.seq_split.auto_plan says so)
+              kernels.hopper.plan.auto_split says so)
   tilela_unsplit  the same pipeline with the split off (only the cases the op splits), to show what it gains
   fla         fla.ops.gated_delta_rule.chunk_gated_delta_rule with FLA_FLASH_QLA=0 (Triton)
   flash_qla   flash_qla.chunk_gated_delta_rule (TileLang)
@@ -91,7 +91,7 @@ def _ours(case, x):
 
 
 def _ours_unsplit(case, x):
-    return ours_unsplit(x, case.params["lengths"], case.params["K"])
+    return ours_unsplit(x, case.params["lengths"], case.params["K"], "scalar")
 
 
 def _fla(case, x):

@@ -6,7 +6,7 @@
     level 4  chunk_delta_rule    delta rule, no gate                 FLA: chunk_delta_rule
 
 Also `tilela_unsplit`: levels 1, 2 and 4 with the sequence split off, where the op splits
-(kernels.hopper.seq_split.auto_plan). Inputs: B = 1, l2-normalised bf16 q/k, bf16 v, D = 128, gates
+(kernels.hopper.plan.auto_split). Inputs: B = 1, l2-normalised bf16 q/k, bf16 v, D = 128, gates
 logsigmoid(randn) / 16 in float32, sigmoid beta in float32, float32 initial state, final state out. Grid: T in
 {8192, 32768} x H in {16, 32}. Level 1 also runs the seed-002 §4 sequence-in-grid kernel (each chunk recomputes its prefix) at T in {2048, 8192,
 32768}, H = 16: its time grows as N^2 against the sequence-in-loop kernel's N (seed 002 §6).
@@ -24,6 +24,7 @@ from . import Bench, Case, _try_import, ours_unsplit
 DIM = 128
 CHUNK = 64
 LEVELS = {1: "chunk_linear_attn", 2: "chunk_simple_gla", 3: "chunk_gla", 4: "chunk_delta_rule"}
+GATES = {1: "none", 2: "scalar", 3: "channel", 4: "none"}
 FLA_MODULES = {1: "fla.ops.linear_attn", 2: "fla.ops.simple_gla", 3: "fla.ops.gla", 4: "fla.ops.delta_rule"}
 
 
@@ -66,15 +67,13 @@ def _ours(case, x):
 
 
 def _ours_unsplit(case, x):
-    if case.params["level"] == 3:  # per-channel gate: the sequence split does not take it, so never split
-        return None
-    return ours_unsplit(x, [case.params["T"]], case.params["K"])
+    return ours_unsplit(x, [case.params["T"]], case.params["K"], GATES[case.params["level"]])
 
 
 def _ours_seq_in_grid(case, x):
     if case.params["level"] != 1:
         return None
-    from tilela.kernels.hopper.linear_attn_seq_in_grid import linear_attn_seq_in_grid
+    from tilela.experiments.linear_attn_seq_in_grid import linear_attn_seq_in_grid
 
     o, _ = linear_attn_seq_in_grid(x["q"], x["k"], x["v"], case.params["K"] ** -0.5,
                                    initial_state=x["initial_state"], output_final_state=True)

@@ -1,5 +1,6 @@
-"""GDN state/output pass alone (kernels.hopper.chunk_fwd.chunk_forward): our passes against each other, so the
-chunk chain's cost is measured apart from cumsum and kkt_solve (computed once per input set, outside the timing).
+"""GDN state/output pass alone (kernels.hopper.forward on a plan with g_input="cumsum", A given): our passes against
+each other, so the chunk chain's cost is measured apart from cumsum and kkt_solve (computed once per input set,
+outside the timing).
 
 Implementations on the GDN benchmark's inputs (gdn.make_inputs, with gc and A from our kernels):
   ws_half    the warp-specialised pass, DV blocks of K / 2
@@ -7,7 +8,7 @@ Implementations on the GDN benchmark's inputs (gdn.make_inputs, with gc and A fr
   ws_quarter the warp-specialised pass, DV blocks of K / 4 (twice the CTAs of ws_half, shorter products)
   ws_eighth  the warp-specialised pass, DV blocks of K / 8
   loop       the single-warp-group pass (DV blocks of 32)
-  split      the warp-specialised pass with the sequence split (seq_split.auto_plan; cases it leaves unsplit are
+  split      the warp-specialised pass with the sequence split (plan.auto_split; cases it leaves unsplit are
              left out)
   state_only the warp-specialised pass without its output warp group (default DV block, o not written): the
              recurrence's chain alone, so the difference to the pass's time is what the output group costs
@@ -17,11 +18,11 @@ Floor: q, k, v, A, g, beta read once, o written once, the state read and written
 Q K^T, P Vnew and K^T Vnew per chunk and value head.
 """
 
-import torch
+import functools
 
 from tilela import reference
 
-from . import Bench, gdn, split_plan
+from . import Bench, gdn, hopper_plan
 
 LAYOUTS = ("1x32768", "1x8192")
 QUICK = [((16, 32), "1x32768"), ((2, 8), "1x32768"), ((32, 32), "1x8192")]
@@ -33,30 +34,26 @@ def cases(quick):
 
 
 def make_inputs(case, seed):
-    from tilela.kernels.hopper import chunk_local_cumsum, kkt_solve
+    from tilela import ops
 
     x = gdn.make_inputs(case, seed)
-    gc = chunk_local_cumsum(x["g"], gdn.CHUNK, x.get("cu_seqlens"))
-    x.update(gc=gc, A=kkt_solve(x["k"], x["beta"], gc, gdn.CHUNK, x.get("cu_seqlens")))
+    cu, cu_cpu = x.get("cu_seqlens"), x.get("cu_seqlens_cpu")
+    gc = ops.chunk_local_cumsum(x["g"], gdn.CHUNK, cu, cu_seqlens_cpu=cu_cpu)
+    x.update(gc=gc, A=ops.kkt_solve(x["k"], x["beta"], gc, gdn.CHUNK, cu, cu_seqlens_cpu=cu_cpu))
     return x
 
 
-def _pass(x, **options):
-    from tilela.kernels.hopper.chunk_fwd import chunk_forward
+def _pass(case, x, **options):
+    """The final state of the state pass alone on the plan make_plan gives with these options (None when the plan
+    has no split and split="auto" asked for one)."""
+    from tilela.kernels import hopper
 
-    _, ht = chunk_forward(x["q"], x["k"], x["v"], x["gc"], x["beta"], x["A"], x["q"].shape[3] ** -0.5,
-                          x["initial_state"], True, x.get("cu_seqlens"), **options)
-    return ht
-
-
-def _state_only(case, x):
-    from tilela.kernels.hopper.chunk_fwd import _ws_state_pass
-
-    cu = x.get("cu_seqlens")
-    if cu is None:  # built on the device, so a CUDA graph can capture it
-        cu = torch.arange(2, dtype=torch.int32, device=x["v"].device) * x["v"].shape[1]
-    _, ht = _ws_state_pass(x["q"], x["k"], x["v"], x["gc"], x["beta"], x["A"], x["q"].shape[3] ** -0.5,
-                           x["initial_state"], cu, False, True)
+    plan = hopper_plan(dict(x, g=x["gc"]), case.params["lengths"], case.params["K"], "scalar", g_input="cumsum",
+                       **options)
+    if options.get("split") == "auto" and plan.split is None:
+        return None
+    _, ht = hopper.forward(plan, x["q"], x["k"], x["v"], x["gc"], x["beta"], x["initial_state"], x.get("cu_seqlens"),
+                           A=x["A"])
     return ht
 
 
@@ -64,11 +61,6 @@ def _reference(case, x):
     _, ht = reference.chunked(x["q"], x["k"], x["v"], g=x["g"], beta=x["beta"], initial_state=x["initial_state"],
                               cu_seqlens=x.get("cu_seqlens_cpu"))
     return ht
-
-
-def _split(case, x):
-    plan = split_plan(case.params["lengths"], x["v"], case.params["K"])
-    return None if plan is None else _pass(x, segments=plan)
 
 
 def cost(case):
@@ -87,13 +79,11 @@ BENCH = Bench(
     check_cases=gdn.BENCH.check_cases,
     make_inputs=make_inputs,
     impls={
-        "ws_half": lambda case, x: _pass(x, kernel="ws", block_DV=case.params["K"] // 2),
-        "ws_full": lambda case, x: _pass(x, kernel="ws", block_DV=case.params["K"]),
-        "ws_quarter": lambda case, x: _pass(x, kernel="ws", block_DV=case.params["K"] // 4),
-        "ws_eighth": lambda case, x: _pass(x, kernel="ws", block_DV=case.params["K"] // 8),
-        "loop": lambda case, x: _pass(x, kernel="loop"),
-        "split": _split,
-        "state_only": _state_only,
+        **{f"ws_{name}": functools.partial(_pass, kernel="ws", block_DV=gdn.DIM // blocks, split=None)
+           for name, blocks in (("half", 2), ("full", 1), ("quarter", 4), ("eighth", 8))},
+        "loop": functools.partial(_pass, kernel="loop"),
+        "split": functools.partial(_pass, split="auto"),
+        "state_only": functools.partial(_pass, split=None, outputs=False),
     },
     reference=_reference,
     cost=cost,

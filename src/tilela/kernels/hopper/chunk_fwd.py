@@ -40,13 +40,9 @@ out of valid output rows, their Vnew rows are zeroed before the state update, an
 """
 
 import tilelang.language as T
-import torch
 
-from .. import TILE as CHUNK
-from .. import channel_score_dtype, exp_e, state_pass_contract, subchunk_scores
-from . import DTYPES, _placeholder, chunk_fwd_ws, compiled, gla_factors, multiprocessors, seq_split
-
-GATES = ("none", "scalar", "channel")
+from .common import TILE as CHUNK
+from .common import channel_score_dtype, exp_e, state_pass_contract, subchunk_scores
 
 
 def chunk_fwd_kernel(
@@ -226,120 +222,3 @@ def chunk_fwd_kernel(
                 T.copy(S_f, ht[bn, bh, 0:K, v0 : v0 + block_DV])
 
     return chunk_fwd
-
-
-def default_config(K, gate="scalar", delta=True, dtype="bfloat16"):
-    """Tile sizes (block_DV, threads, num_stages).  32-wide DV blocks give 4 CTAs per value head at V = 128 (the
-    grid fills the H200 at 32 heads).  One stage where double buffers would pass the 227 KiB of shared memory:
-    q/k at K = 256; with the per-channel gate at K = 128, its fp32 gc tile plus the delta-rule tiles or the fp32
-    score operands of fp16 inputs."""
-    single = K >= 256 or (gate == "channel" and K >= 128 and (delta or dtype == "float16"))
-    return 32, 128, 1 if single else 2
-
-
-def launch_buffers(v, K, initial_state, output_final_state, cu_seqlens):
-    """(o, ht, h0, cu) of a state/output launch: o like v; the final-state buffer [N,HV,K,V] fp32 (one row when not
-    stored); the initial-state argument (ht stands in when absent); cu_seqlens as int32 (a dummy when dense)."""
-    B, HV, V = v.shape[0], v.shape[2], v.shape[3]
-    N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
-    dev = v.device
-    o = torch.empty_like(v)
-    ht = torch.empty(N if output_final_state else 1, HV, K, V, dtype=torch.float32, device=dev)
-    h0 = initial_state if initial_state is not None else ht
-    cu = cu_seqlens.to(torch.int32) if cu_seqlens is not None else _placeholder(dev, torch.int32)
-    return o, ht, h0, cu
-
-
-def _launch(kernel, q, k, v, g_cumsum, beta, A, initial_state, output_final_state, cu_seqlens):
-    """Run a compiled state/output pass; (o, final state or None)."""
-    o, ht, h0, cu = launch_buffers(v, q.shape[3], initial_state, output_final_state, cu_seqlens)
-    placeholder = _placeholder(q.device, torch.float32)
-    kernel(
-        q,
-        k,
-        v,
-        placeholder if g_cumsum is None else g_cumsum,
-        placeholder if beta is None else beta,  # beta belongs to the delta rule, A to it and the per-channel factors
-        _placeholder(q.device, q.dtype) if A is None else A,
-        h0,
-        cu,
-        o,
-        ht,
-    )
-    return o, (ht if output_final_state else None)
-
-
-def _static(q, v, g_cumsum, beta, A, scale, initial_state, output_final_state, cu_seqlens):
-    """The static configuration of a call: (K, V, scale, gate, delta rule, dtype, beta dtype, varlen, initial
-    state, final state)."""
-    gate = "none" if g_cumsum is None else GATES[g_cumsum.dim() - 2]
-    delta = A is not None
-    return (q.shape[3], v.shape[3], float(scale), gate, delta, DTYPES[q.dtype],
-            DTYPES[beta.dtype] if delta else "float32", cu_seqlens is not None, initial_state is not None,
-            bool(output_final_state))
-
-
-def _ws_state_pass(q, k, v, g_cumsum, beta, A, scale, h0, cu_seqlens, store_output, store_final_state):
-    """The warp-specialised pass in the sequence split's contract (varlen, initial state in)."""
-    static = _static(q, v, g_cumsum, beta, A, scale, h0, store_final_state, cu_seqlens)
-    K, V, _, gate, delta = static[:5]
-    block_DV = chunk_fwd_ws.default_block_DV(K, V, (cu_seqlens.shape[0] - 1) * v.shape[2], multiprocessors(v.device),
-                                             store_output, chunk_fwd_ws.update_rule(gate, delta))
-    kernel = compiled(chunk_fwd_ws.chunk_fwd_ws_kernel, *static, block_DV, store_output, warp_specialized=True)
-    return _launch(kernel, q, k, v, g_cumsum, beta, A, h0, store_final_state, cu_seqlens)
-
-
-def chunk_forward(
-    q, k, v, g_cumsum, beta, A, scale, initial_state=None, output_final_state=False, cu_seqlens=None, *,
-    kernel="auto", segments=None, block_DV=None, g_is_cumsum=True,
-):
-    """State/output pass of every ladder level.  Returns (o [B,T,HV,V] in q's dtype, final state [N,HV,K,V] fp32
-    or None).
-
-    g_cumsum: chunk-local cumsum of the log gate in fp32, [B,T,HV] (scalar gate), [B,T,HV,K] (per-key-channel
-    gate) or None (no gate).  beta [B,T,HV] and A [B,T,HV,64] (kkt_solve output, q's dtype) for the delta rule;
-    both None for the plain update S += k v^T.
-    kernel: "ws" the warp-specialised pass (chunk_fwd_ws.py: K = V in {64, 128}, scalar gate or none, or a
-    per-channel gate with the plain update, whose factors gla_factors.py computes first), "loop" this file's
-    single-warp-group pass (every configuration), "auto" the first that covers the call.
-    segments: a seq_split.SegmentPlan of the call's sequence lengths to run the segments of each sequence in
-    parallel (the warp-specialised pass only; seq_split.py), or None.
-    block_DV: the warp-specialised pass's DV block, one of chunk_fwd_ws.dv_blocks(K) (None:
-    chunk_fwd_ws.default_block_DV).
-    g_is_cumsum=False: g_cumsum is the raw per-channel log gate, summed inside gla_factors (so gc never goes through
-    global memory); only the warp-specialised pass under a per-channel gate takes it.
-    """
-    static = _static(q, v, g_cumsum, beta, A, scale, initial_state, output_final_state, cu_seqlens)
-    K, V, _, gate, delta, dtype = static[:6]
-    if kernel not in ("auto", "ws", "loop"):
-        raise ValueError(f"kernel: expected 'auto', 'ws' or 'loop', got {kernel!r}")
-    ws = chunk_fwd_ws.covers(K, V, gate, delta, dtype)
-    if (kernel == "ws" or segments is not None) and not ws:
-        raise ValueError(f"kernel='ws' covers K = V in (64, 128) with a scalar gate or none, or a per-channel gate "
-                         f"with the plain update, got K={K}, V={V}, gate {gate!r}, delta rule {delta}, {dtype}")
-    if not g_is_cumsum and (gate != "channel" or not ws or kernel == "loop"):
-        raise ValueError(f"g_is_cumsum=False: only the warp-specialised pass under a per-channel gate sums the raw "
-                         f"gate itself, got gate {gate!r} (covered: {ws}, kernel={kernel!r})")
-    if segments is not None and gate not in seq_split.GATES:
-        raise ValueError("segments: the sequence split takes no per-channel gate (its transitions would be "
-                         "diagonal per key channel, not scalar), got a [B, T, HV, K] gate")
-    if block_DV is not None and (block_DV not in chunk_fwd_ws.dv_blocks(K) or not ws or kernel == "loop"
-                                 or segments is not None):
-        raise ValueError(f"block_DV: the unsplit warp-specialised pass takes one of {chunk_fwd_ws.dv_blocks(K)}, got "
-                         f"{block_DV} (kernel={kernel!r}, covered: {ws}, split: {segments is not None})")
-    if segments is not None:
-        if kernel == "loop":
-            raise ValueError("segments: the sequence split runs on the warp-specialised pass, got kernel='loop'")
-        return seq_split.split_forward(_ws_state_pass, seq_split.entering_states, q, k, v, g_cumsum, beta, A, scale,
-                                       initial_state, output_final_state, segments)
-    if ws and kernel != "loop":
-        N = v.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
-        block_DV = block_DV or chunk_fwd_ws.default_block_DV(K, V, N * v.shape[2], multiprocessors(v.device),
-                                                             rule=chunk_fwd_ws.update_rule(gate, delta))
-        compiled_kernel = compiled(chunk_fwd_ws.chunk_fwd_ws_kernel, *static, block_DV, True, warp_specialized=True)
-        if gate == "channel":  # the state-independent factors first, in the q, k, A and g slots (chunk_fwd_ws.py)
-            q, k, A, g_cumsum = gla_factors(q, k, g_cumsum, scale, cu_seqlens, cumsum=not g_is_cumsum)
-    else:
-        compiled_kernel = compiled(chunk_fwd_kernel, *static, *default_config(K, gate, delta, dtype),
-                                   warp_specialized=True)
-    return _launch(compiled_kernel, q, k, v, g_cumsum, beta, A, initial_state, output_final_state, cu_seqlens)

@@ -50,12 +50,10 @@ the tensor end); beta = 0 there, gc is clamped to the last valid row, the causal
 Vd rows (or K rows, where the state reads V directly) are zeroed and output rows are not stored.
 """
 
-import math
-
 import tilelang.language as T
 
-from .. import TILE as CHUNK
-from .. import exp_e, state_pass_contract
+from .common import TILE as CHUNK
+from .common import exp_e, state_pass_contract
 
 GROUP = 128  # threads of a warp group
 GATES = ("none", "scalar", "channel")
@@ -434,67 +432,3 @@ def vd_slots(delta):
     """Vd_s slots: two under the plain update (the writer scales chunk c + 1's V while the state group adds chunk
     c's K^T Vd), one with the delta rule (shared memory; its Vd waits on the chain's A R anyway)."""
     return 1 if delta else 2
-
-
-def dv_blocks(K):
-    """The DV blocks the pass is built for, largest first: K, K / 2, K / 4 and K / 8, down to 16 columns."""
-    return tuple(block for block in (K, K // 2, K // 4, K // 8) if block >= 16)
-
-
-def covers(K, V, gate, delta, dtype):
-    """Whether the warp-specialised pass serves these sizes, gate and update rule (else chunk_fwd.py does)."""
-    return (K == V and K in (64, 128) and gate in GATES and not (gate == "channel" and delta)
-            and dtype in ("bfloat16", "float16"))
-
-
-def update_rule(gate, delta):
-    """The chunk-period table's key for a configuration: "gdn" (delta rule, gated), "delta" (delta rule, no gate),
-    "vd" (plain update through a written Vd_s: simple_gla's scalar gate) or "plain" (plain update, K^T V straight
-    from the input slots: linear_attn, gla's factors)."""
-    if delta:
-        return "gdn" if gate != "none" else "delta"
-    return "plain" if direct_v(gate, delta) else "vd"
-
-
-# Chunk period of one CTA in us (H200, K = 128), by (update rule, K / DV block, output group on). The pass is bound
-# by each CTA's serial chain of chunks with one CTA per SM, so a launch takes about waves x chunks x period.
-# GDN (`tilela bench --op state_pass`, 2026-11-30): with the output group K / 2 2.3 us and K 4.1 us (16-132 CTAs);
-# K / 4 1.58 us at 32 CTAs, 1.62 at 64 and 1.84-1.88 at 128 (state_pass-20261130T120417Z; its shorter products
-# shorten the chain more than its extra CTAs cost), taken at the full-GPU 1.86. Without the output group (the
-# split's transitions, value [V | 0]) K / 2 runs its chain in 2.2 us at 128 CTAs (1.65 us at 16; the model takes
-# 2.2), K in ~4.2 us (fitted to the split's times); K / 4 not measured, so never picked there.
-# Delta rule without a gate (delta_rule): GDN's, and K / 8 (16 columns) at 1.25 us over 128 CTAs (its pass at 16
-# value heads 18% faster than at K / 4 over 64 CTAs; benchmarks/NOTES.md, fifth session).
-# Plain update (NOTES, sixth session; from unsplit passes over 16-128 CTAs and the split's passes timed alone over
-# 64-128 CTAs, 16-128 chunks each): "plain" from linear_attn, "vd" from simple_gla. With the output group K / 4 at
-# its unsplit period, K / 2 and K at a full GPU (their split's outputs: K at 16-32 chunks a CTA, where its pipeline
-# fill weighs most); without it (the split's transitions, value V) at a full GPU.
-# K = 64 takes the periods of the same K / DV block.
-_GDN_US = {(4, True): 1.86, (2, True): 2.3, (1, True): 4.1, (2, False): 2.2, (1, False): 4.2}
-CHUNK_US = {
-    **{("gdn", *key): us for key, us in _GDN_US.items()},
-    **{("delta", *key): us for key, us in _GDN_US.items()},
-    ("delta", 8, True): 1.25,
-    ("plain", 4, True): 0.85, ("plain", 2, True): 1.6, ("plain", 1, True): 3.2,
-    ("plain", 2, False): 0.55, ("plain", 1, False): 1.1,
-    ("vd", 4, True): 1.15, ("vd", 2, True): 2.0, ("vd", 1, True): 3.5,
-    ("vd", 2, False): 1.0, ("vd", 1, False): 1.73,
-}
-
-
-def modelled_us(K, V, grid, chunks, block_DV, sms, store_output=True, rule="gdn"):
-    """Modelled time of one launch: waves of CTAs (grid = sequences x value heads) times the chunk chain."""
-    return math.ceil(grid * (V // block_DV) / sms) * chunks * CHUNK_US[(rule, K // block_DV, store_output)]
-
-
-def default_block_DV(K, V, grid, sms=132, store_output=True, rule="gdn"):
-    """The DV block (of dv_blocks(K) with a measured chunk period; 16 columns only at K = 128) of least modelled
-    time for grid = sequences x value heads on sms SMs; the larger block on a tie (the q/k loads and Q K^T once per
-    block). rule: update_rule's key. GDN with the output group at K = 128: K / 4 up to sms / 4 CTAs (measured: 1x8192,
-    8 and 32 value heads, 0.202 and 0.236 ms at K / 4 against 0.298 and 0.312 at K / 2), K / 2 up to sms / 2 and K
-    up to sms (measured: 1x32768 h16/32, 32 CTAs, 1.30 ms at K / 2 against 1.86 ms at K); past one wave the wave
-    count decides (a model, not measured there). V > K only in the sequence split's transitions (V = 2K: the
-    [V | 0] value)."""
-    blocks = [block for block in dv_blocks(K)
-              if (block >= 32 or K >= 128) and (rule, K // block, store_output) in CHUNK_US]
-    return min(blocks, key=lambda block: modelled_us(K, V, grid, 1, block, sms, store_output, rule))

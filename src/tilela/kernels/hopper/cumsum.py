@@ -13,7 +13,7 @@ start.
 
 import tilelang.language as T
 
-from .. import TILE, locate_tile
+from .common import TILE, locate_tile
 
 COLUMNS = 128  # columns (threads) per CTA
 

@@ -30,7 +30,7 @@ leave in the input dtype, as does P. Rows past the sequence end are not stored: 
 
 import tilelang.language as T
 
-from .. import LOG2E, TILE, channel_score_dtype, locate_tile, subchunk_scores
+from .common import LOG2E, TILE, channel_score_dtype, locate_tile, subchunk_scores
 
 THREADS = 128
 DECAY_LIMIT = 80.0  # the one-product scores while no channel decays by more than e^-80 over the tile

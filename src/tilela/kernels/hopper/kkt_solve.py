@@ -34,7 +34,7 @@ Rows past a sequence end are masked (select, not multiply) so any finite or zero
 import tilelang
 import tilelang.language as T
 
-from .. import LOG2E, TILE, channel_score_dtype, locate_tile
+from .common import LOG2E, TILE, channel_score_dtype, locate_tile
 
 BLOCK = 16  # diagonal block size of the recursion
 KSTEP = 128  # K columns per GEMM step (one step for K <= 128)

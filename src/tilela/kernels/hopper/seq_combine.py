@@ -19,7 +19,7 @@ first sum uses one, rows clamped into the segment: a sum right behind each load 
 
 import tilelang.language as T
 
-from .. import TILE, exp_e
+from .common import TILE, exp_e
 
 ROWS = 16  # state rows per CTA: K / 16 CTAs per sequence and value head
 THREADS = 128

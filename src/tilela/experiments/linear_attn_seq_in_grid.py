@@ -17,9 +17,10 @@ them out of valid output rows, they are zeroed in V before the final state updat
 
 import tilelang.language as T
 
-from . import DTYPES
-from . import compiled
-from .chunk_fwd import CHUNK, launch_buffers
+import torch
+
+from ..kernels.hopper.launch import DTYPES, compiled, placeholder
+from ..kernels.hopper.plan import CHUNK
 
 
 def linear_attn_seq_in_grid_kernel(
@@ -136,6 +137,9 @@ def linear_attn_seq_in_grid(q, k, v, scale, initial_state=None, output_final_sta
         bool(output_final_state),
         warp_specialized=True,
     )
-    o, ht, h0, cu = launch_buffers(v, K, initial_state, output_final_state, cu_seqlens)
-    kernel(q, k, v, h0, cu, o, ht)
+    N = v.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    o = torch.empty_like(v)
+    ht = torch.empty(N if output_final_state else 1, HV, K, V, dtype=torch.float32, device=v.device)
+    cu = placeholder(v.device, torch.int32) if cu_seqlens is None else cu_seqlens.to(torch.int32)
+    kernel(q, k, v, ht if initial_state is None else initial_state, cu, o, ht)
     return o, (ht if output_final_state else None)

@@ -1,0 +1,126 @@
+"""What every Hopper kernel builder shares (TileLang).
+
+target() / pass_configs(): how every kernel is compiled: sm_90a, fast math for exp2, and TileLang's automatic warp
+specialisation only where asked (chunk_fwd's TMA pipeline gets a producer warp group; the latency-bound kkt_solve
+and cumsum kernels want several small CTAs per SM instead).
+
+exp_e: exp through exp2 (gates are log-space, natural base).
+
+locate_tile: the varlen schedule without host synchronisation. Tile slot s of a grid of floor(T / 64) + N slots
+belongs to the last sequence n with floor(cu[n] / 64) + n <= s and starts at cu[n] + 64 (s - floor(cu[n] / 64) - n).
+The map n -> floor(cu[n] / 64) + n is strictly increasing and leaves room for ceil(len_n / 64) tiles between
+consecutive sequences (floor(a / 64) + ceil(l / 64) <= floor((a + l) / 64) + 1), so every tile of every sequence
+has exactly one slot; the surplus slots find start >= end and exit. The dense [B, T] layout (flattened to one row of
+B * T tokens) is dense_len = T: slot s is tile s % ceil(T / 64) of batch row s // ceil(T / 64).
+"""
+
+from types import SimpleNamespace
+
+import tilelang.language as T
+from tilelang import tvm
+
+from .plan import CHUNK
+
+TILE = CHUNK  # tokens per CTA tile (and the chunk of the state/output passes)
+LOG2E = 1.4426950408889634
+
+
+def exp_e(x):
+    """exp(x) through the hardware exp2 unit."""
+    return T.exp2(x * LOG2E)
+
+
+SUB = 16  # rows of a sub-chunk of the per-channel scores
+SUBCHUNKS = tuple(range(TILE // SUB))  # a Python tuple: the loop over it unrolls when the kernel is parsed
+
+
+@T.macro
+def subchunk_scores(q_s, k_s, g_s, Qr_s, Kr_s, P_f, Pa_f, K, exp):
+    """P_f[i, j] <- sum_d q_id k_jd exp(g_id - g_jd) for j <= i of a 64-row tile under a per-key-channel gate
+    (g the chunk-local cumsum, its rows past a sequence end clamped to the last; entries j > i are stale: callers
+    select them away). exp(g_i - g_j) cannot be split as exp(g_i) exp(-g_j) over the tile (exp(-g_j) overflows
+    once a channel has decayed by e^-88), so query rows of 16-row sub-chunk a use the reference R_a = g of the row
+    before it (R_0 = 0): one 64x64 product of q_i exp(g_i - R_a) (Qr_s) and k_j exp(R_a - g_j) (Kr_s, key rows
+    j < 16 (a + 1)) per sub-chunk, keeping a's rows. Only the diagonal 16x16 block has a positive exponent,
+    R_a - g_j, over at most 16 tokens: exact while no channel decays by more than e^-80 within 16 tokens.
+    exp: exp_e for g in natural-log units, T.exp2 for log2 units."""
+    for i, d in T.Parallel(TILE, K):
+        Qr_s[i, d] = q_s[i, d] * exp(g_s[i, d] - T.if_then_else(i >= SUB, g_s[T.max(i // SUB * SUB - 1, 0), d], 0))
+    for a in SUBCHUNKS:
+        for j, d in T.Parallel((a + 1) * SUB, K):
+            Kr_s[j, d] = k_s[j, d] * exp((g_s[a * SUB - 1, d] if a > 0 else 0) - g_s[j, d])
+        if a == 0:
+            T.gemm(Qr_s, Kr_s, P_f, transpose_B=True, clear_accum=True)
+        else:
+            T.gemm(Qr_s, Kr_s, Pa_f, transpose_B=True, clear_accum=True)
+            for i, j in T.Parallel(TILE, TILE):
+                P_f[i, j] = T.if_then_else(i >= a * SUB, Pa_f[i, j], P_f[i, j])
+
+
+def channel_score_dtype(dtype: str) -> str:
+    """Operand dtype of per-channel gated scores k_j exp(R - g_j): the input dtype, except fp32 (tf32 MMAs) for
+    fp16 inputs, whose 65504 the factor exp(R - g_j) >= 1 may pass (bf16 has fp32's exponent range)."""
+    return "float32" if dtype == "float16" else dtype
+
+
+def state_pass_contract(K, V, gate, delta, dtype, beta_dtype, scores=False):
+    """The launch contract both state/output passes (hopper/chunk_fwd.py, hopper/chunk_fwd_ws.py) compile against,
+    as a namespace: the dynamic sizes B, Tn, H, HV, NS1 (batch, tokens, q/k heads, value heads, len(cu_seqlens))
+    and the tensor types of the ten arguments, in order q, k, v, g, beta, A, h0, cu_seqlens, o, ht.  Arguments a
+    configuration does not read (g without a gate; beta and A for the plain update) are one-element placeholders.
+    scores: the per-channel gate's factors (hopper/gla_factors.py) in place of the inputs: q, k carry Qg, Kd (then
+    H = HV), the A slot the intra-chunk scores P [B, Tn, HV, 64] and g the decays D = exp(gc_last) [tile slots, HV,
+    K] (tile slot of chunk c of sequence n: kernels.locate_tile's, floor(cu[n] / 64) + n + c, dense n ceil(Tn / 64)
+    + c)."""
+    B, Tn, H, HV, N0, N1, NS1, NSL = T.dynamic("B, Tn, H, HV, N0, N1, NS1, NSL")
+    accum = "float32"
+    g_shape = [NSL, HV, K] if scores else {"none": [1], "scalar": [B, Tn, HV], "channel": [B, Tn, HV, K]}[gate]
+    return SimpleNamespace(
+        B=B, Tn=Tn, H=H, HV=HV, NS1=NS1,
+        q=T.Tensor([B, Tn, H, K], dtype),
+        k=T.Tensor([B, Tn, H, K], dtype),
+        v=T.Tensor([B, Tn, HV, V], dtype),
+        g=T.Tensor(g_shape, accum),
+        beta=T.Tensor([B, Tn, HV] if delta else [1], beta_dtype),
+        A=T.Tensor([B, Tn, HV, TILE] if delta or scores else [1], dtype),
+        h0=T.Tensor([N0, HV, K, V], accum),
+        cu_seqlens=T.Tensor([NS1], "int32"),
+        o=T.Tensor([B, Tn, HV, V], dtype),
+        ht=T.Tensor([N1, HV, K, V], accum),
+    )
+
+
+PASS_CONFIGS = {
+    "tl.disable_warp_specialized": True,
+    "tl.enable_fast_math": True,
+}
+
+
+def pass_configs(warp_specialized: bool) -> dict:
+    return dict(PASS_CONFIGS, **{"tl.disable_warp_specialized": not warp_specialized})
+
+
+def target():
+    return tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
+
+
+@T.macro
+def locate_tile(slot, cu_seqlens, num_bounds, dense_len, search_steps, bounds):
+    """bounds (T.alloc_local((2,), "int32")) <- [start, end): the tile's first token and its sequence's end."""
+    if dense_len > 0:
+        tiles = T.ceildiv(dense_len, TILE)
+        bounds[0] = (slot // tiles) * dense_len + (slot % tiles) * TILE
+        bounds[1] = (slot // tiles + 1) * dense_len
+    else:
+        lo = T.alloc_var("int32")
+        hi = T.alloc_var("int32")
+        lo = 0
+        hi = num_bounds - 1
+        for _ in T.serial(search_steps):  # bit_length(N) halvings of [0, N)
+            mid = (lo + hi) // 2
+            if cu_seqlens[mid] // TILE + mid <= slot:
+                lo = mid
+            else:
+                hi = mid
+        bounds[0] = cu_seqlens[lo] + (slot - cu_seqlens[lo] // TILE - lo) * TILE
+        bounds[1] = cu_seqlens[lo + 1]

@@ -1,0 +1,215 @@
+"""Execution of a Hopper plan: the compiled-kernel cache, the one int32 conversion and tile schedule per call, and
+every launcher. Nothing here decides: each launcher takes its stage's key from the Plan (plan.py) and passes it to
+the builder unchanged; inputs were validated once by tilela.ops.
+
+The pipeline (`forward`), as named stages over the [B, T, H, D] layout:
+    gc = chunk-local cumsum of g                  launch_cumsum      plan.cumsum   (cumsum.py)
+    A  = kkt_solve(k, beta, gc)                   launch_kkt         plan.kkt      (kkt_solve.py; delta rule)
+    Qg, Kd, P, D = gla_factors(q, k, g)           launch_factors     plan.factors  (gla_factors.py; per-channel gate
+                                                                                   on the ws pass: they take the q, k,
+                                                                                   A and g slots of the pass)
+    o, S = state pass(q, k, v, gc, beta, A, S0)   launch_state_pass  plan.passes   (chunk_fwd_ws.py or chunk_fwd.py;
+                                                                                   split: seq_split.py's transform,
+                                                                                   launch_combine for the plain update)
+
+Nothing synchronises with the host: the varlen tile schedule is found on the device (common.locate_tile) from host
+sizes (T, N). Compiled kernels are cached per static configuration (the plan's keys); token counts, head counts and
+varlen layouts are symbolic, so a new length, head count or layout never recompiles.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import torch
+
+from . import seq_split
+from .chunk_fwd import chunk_fwd_kernel
+from .chunk_fwd_ws import chunk_fwd_ws_kernel
+from .common import TILE, pass_configs, target
+from .cumsum import chunk_local_cumsum_kernel
+from .gla_factors import gla_factors_kernel
+from .kkt_solve import kkt_solve_kernel
+from .plan import Plan
+from .seq_combine import seq_combine_kernel
+
+DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
+STATE_PASSES = {"ws": chunk_fwd_ws_kernel, "loop": chunk_fwd_kernel}
+
+
+@functools.lru_cache(maxsize=None)
+def compiled(builder, *static, warp_specialized: bool = False):
+    """The JIT kernel of builder(*static), compiled for sm_90a once per process (and cached on disk by TileLang).
+
+    warp_specialized: let TileLang give a TMA pipeline a producer warp group (the state passes); the latency-bound
+    kkt_solve, cumsum, gla_factors and combine kernels want several small CTAs per SM instead (common.PASS_CONFIGS)."""
+    import tilelang
+
+    return tilelang.compile(builder(*static), target=target(), pass_configs=pass_configs(warp_specialized),
+                            execution_backend="tvm_ffi")
+
+
+@functools.lru_cache(maxsize=None)
+def placeholder(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """A one-element tensor standing in for an absent optional input (cu_seqlens of a dense batch, no gate)."""
+    return torch.zeros(1, device=device, dtype=dtype)
+
+
+class Schedule(NamedTuple):
+    """A call's token layout for the kernels, computed once: cu_seqlens as int32 (a placeholder when dense), the
+    tile-parallel kernels' grid (num_slots tile slots; dense_len = T for the dense layout, else 0; search_steps
+    halvings of the varlen binary search: common.locate_tile) and the sequence count N."""
+
+    cu: torch.Tensor
+    num_slots: int
+    dense_len: int
+    search_steps: int
+    N: int
+
+    @classmethod
+    def of(cls, x: torch.Tensor, cu_seqlens: torch.Tensor | None) -> "Schedule":
+        B, Tn = x.shape[:2]
+        if cu_seqlens is None:
+            return cls(placeholder(x.device, torch.int32), B * -(-Tn // TILE), Tn, 0, B)
+        N = cu_seqlens.numel() - 1
+        return cls(cu_seqlens.to(torch.int32).contiguous(), Tn // TILE + N, 0, N.bit_length(), N)
+
+    @property
+    def grid(self) -> tuple[int, int, int]:
+        return self.num_slots, self.dense_len, self.search_steps
+
+
+def flat(x: torch.Tensor) -> torch.Tensor:
+    """[B, T, ...] as [1, B * T, ...]: the tile-parallel kernels' token layout."""
+    return x.reshape(1, x.shape[0] * x.shape[1], *x.shape[2:])
+
+
+# ---- stages ------------------------------------------------------------------------------------------------------
+def launch_cumsum(key: tuple, g: torch.Tensor, sched: Schedule, scale: float | None = None) -> torch.Tensor:
+    """gc: the chunk-local cumsum of g ([B,T,H] or [B,T,H,K]) in float32, times `scale` if given; key (chunk,
+    g dtype)."""
+    gc = torch.empty(g.shape, device=g.device, dtype=torch.float32)
+    if sched.num_slots == 0 or g.numel() == 0:
+        return gc
+    g1 = flat(g)
+    compiled(chunk_local_cumsum_kernel, *key)(g1.reshape(*g1.shape[:2], -1), sched.cu, gc.view(*g1.shape[:2], -1),
+                                              1.0 if scale is None else float(scale), *sched.grid)
+    return gc
+
+
+def launch_kkt(key: tuple, k: torch.Tensor, beta: torch.Tensor, gc: torch.Tensor | None,
+              sched: Schedule) -> torch.Tensor:
+    """A = (I + strictLower(diag(beta) (Gamma ⊙ K K^T)))^-1 per chunk, [B,T,HV,C] in k's dtype; key (chunk, method,
+    dtype, gate, value heads per pass). gc: the fp32 chunk-local cumsum of the scalar ([B,T,HV]) or per-channel
+    ([B,T,HV,K]) gate, or None."""
+    B, Tn, H, K = k.shape
+    HV, chunk = beta.shape[2], key[0]
+    A = torch.empty(B, Tn, HV, chunk, device=k.device, dtype=k.dtype)
+    if sched.num_slots == 0:
+        return A
+    g = placeholder(k.device, torch.float32).view(1, 1, 1) if gc is None else flat(gc)
+    compiled(kkt_solve_kernel, *key)(flat(k), flat(beta).float(), g, sched.cu, flat(A), HV // H, *sched.grid)
+    return A
+
+
+def launch_factors(key: tuple, q: torch.Tensor, k: torch.Tensor, g: torch.Tensor, scale: float, sched: Schedule):
+    """(Qg, Kd, P, D) of a per-key-channel gate: Q ⊙ exp(gc) and K ⊙ exp(gc_last - gc) as [B, T, HV, K] and the
+    scaled intra-chunk scores as [B, T, HV, 64], in q's dtype; D = exp(gc_last) per tile slot [slots, HV, K] fp32.
+    key (K, dtype, sums the raw gate): g [B, T, HV, K] is then the raw log gate, else its chunk-local cumsum."""
+    B, Tn, H, K = q.shape
+    HV = g.shape[2]
+    Qg = torch.empty(B, Tn, HV, K, device=q.device, dtype=q.dtype)
+    Kd = torch.empty_like(Qg)
+    P = torch.empty(B, Tn, HV, TILE, device=q.device, dtype=q.dtype)
+    D = torch.empty(max(sched.num_slots, 1), HV, K, device=q.device, dtype=torch.float32)
+    if sched.num_slots == 0:
+        return Qg, Kd, P, D
+    compiled(gla_factors_kernel, *key)(flat(q), flat(k), flat(g.float()), sched.cu, flat(Qg), flat(Kd), flat(P), D,
+                                       float(scale), *sched.grid)
+    return Qg, Kd, P, D
+
+
+def launch_state_pass(cfg, q, k, v, g, beta, A, h0, cu, N):
+    """One state/output launch of PassConfig cfg over N sequences: (o like v, final state [N, HV, K, V] fp32 or
+    None). Inputs a configuration does not read (g without a gate; beta and A for the plain update) and h0 without
+    an initial state are placeholders; o is allocated (the launch contract fixes its shape) but, without the output
+    group, not written."""
+    HV = v.shape[2]
+    dev = v.device
+    o = torch.empty_like(v)
+    ht = torch.empty(N if cfg.store_final_state else 1, HV, cfg.K, cfg.V, dtype=torch.float32, device=dev)
+    ph = placeholder(dev, torch.float32)
+    kernel = compiled(STATE_PASSES[cfg.kernel], *cfg.args, warp_specialized=True)
+    kernel(q, k, v, ph if g is None else g, ph if beta is None else beta, placeholder(dev, q.dtype) if A is None else A,
+           ht if h0 is None else h0, cu, o, ht)
+    return o, (ht if cfg.store_final_state else None)
+
+
+def launch_combine(key: tuple, B_seg, gc, cu_segments, first, h0):
+    """The plain update's split, step 2 (seq_combine.py): (S_in [S, HV, K, V], final [N, HV, K, V]) fp32 from the
+    transitions' states B_seg, the scalar gate's chunk-local cumsum gc [1, T, HV] (or None), the segment table's
+    cu_segments and first, and h0 [N, HV, K, V] (or None); key (K, V, gate, reads h0)."""
+    S_in = torch.empty_like(B_seg)
+    final = B_seg.new_empty(first.shape[0] - 1, *B_seg.shape[1:])
+    compiled(seq_combine_kernel, *key)(B_seg, placeholder(B_seg.device, torch.float32) if gc is None else gc,
+                                       cu_segments, first, final if h0 is None else h0, S_in, final)
+    return S_in, final
+
+
+# ---- the pipeline ------------------------------------------------------------------------------------------------
+def _check(plan: Plan, q, v, g, beta, initial_state, sched: Schedule):
+    """The inputs agree with the plan's host sizes (the device-side tables cannot check the lengths themselves)."""
+    tokens = q.shape[0] * q.shape[1]
+    if (tokens, sched.N, q.shape[2], v.shape[2], q.shape[3], v.shape[3]) != (
+            plan.tokens, len(plan.lengths), plan.H, plan.HV, plan.K, plan.V):
+        raise ValueError(f"plan: made for {plan.tokens} tokens in {len(plan.lengths)} sequences, H={plan.H}, "
+                         f"HV={plan.HV}, K={plan.K}, V={plan.V}; got {tokens} tokens in {sched.N} sequences, "
+                         f"H={q.shape[2]}, HV={v.shape[2]}, K={q.shape[3]}, V={v.shape[3]}")
+    if (g is None) != (plan.gate == "none") or (beta is None) != (not plan.delta):
+        shape = lambda x: "None" if x is None else list(x.shape)  # noqa: E731
+        raise ValueError(f"plan: made for gate {plan.gate!r} and delta rule {plan.delta}; got g {shape(g)}, beta "
+                         f"{shape(beta)}")
+    if (initial_state is not None) != plan.initial_state:
+        raise ValueError(f"plan: made {'with' if plan.initial_state else 'without'} an initial state, got "
+                         f"initial_state {'None' if initial_state is None else list(initial_state.shape)}")
+
+
+def forward(plan: Plan, q, k, v, g, beta, initial_state=None, cu_seqlens=None, *, A=None):
+    """Run a plan: (o [B, T, HV, V] in q's dtype, final state [N, HV, K, V] fp32 or None; o None when the plan keeps
+    the state alone). g: the raw log gate ([B, T, HV] or [B, T, HV, K]), or its chunk-local cumsum for a plan made
+    with g_input="cumsum"; beta [B, T, HV] for the delta rule; initial_state [N, HV, K, V]. A: kkt_solve's output to
+    use instead of that stage (the delta rule; tests isolate the state pass with it)."""
+    sched = Schedule.of(q, cu_seqlens)
+    _check(plan, q, v, g, beta, initial_state, sched)
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    if g is not None:
+        g = g.contiguous() if g.dtype in DTYPES else g.float().contiguous()
+        g = launch_cumsum(plan.cumsum, g, sched) if plan.cumsum else g
+    if plan.delta:
+        beta = beta.contiguous() if beta.dtype in (torch.float32, q.dtype) else beta.float().contiguous()
+        A = launch_kkt(plan.kkt, k, beta, g, sched) if A is None else A.contiguous()
+    if plan.factors:  # the state-independent factors first, in the q, k, A and g slots (chunk_fwd_ws.py)
+        q, k, A, g = launch_factors(plan.factors, q, k, g, plan.output.scale, sched)
+    elif g is not None:
+        g = g.float()
+    h0 = None if initial_state is None else initial_state.float().contiguous()
+    if plan.split is None:
+        o, ht = launch_state_pass(plan.output, q, k, v, g, beta, A, h0, sched.cu, sched.N)
+    else:
+        o, ht = _split(plan, q, k, v, g, beta, A, h0)
+    return (o if plan.output.store_output else None), ht
+
+
+def _split(plan: Plan, q, k, v, g, beta, A, h0):
+    """The state pass over the plan's segments (seq_split.split_forward) with its transitions, combine and output
+    launches bound to the plan's keys."""
+    transitions, outputs = plan.passes
+
+    def run(cfg):
+        return lambda q, k, v, g, beta, A, h0, cu: launch_state_pass(cfg, q, k, v, g, beta, A, h0, cu,
+                                                                     cu.shape[0] - 1)
+
+    combine = None if plan.combine is None else functools.partial(launch_combine, plan.combine)
+    return seq_split.split_forward(run(transitions), run(outputs), combine, q, k, v, g, beta, A, h0,
+                                   plan.output_final_state, plan.split)

@@ -1,0 +1,325 @@
+"""Every decision of a Hopper call, made once: `make_plan` returns a frozen `Plan` that `launch.forward` executes.
+
+Pure Python (no TileLang import): the plan is computed from host facts only (dtypes, head sizes, the host sequence
+lengths, the SM count), so nothing synchronises with the device and a test can inspect it on any machine.
+
+A plan answers, in this order:
+  coverage     does the TileLang pipeline serve this call at all (`covers`), else the PyTorch path runs
+  gate         "none", "scalar" ([B, T, HV]) or "channel" ([B, T, HV, K], per key channel)
+  update rule  the delta rule (beta, kkt_solve's A) or the plain update S += K^T V
+  stages       cumsum of the gate (unless gla_factors sums it in its tile), kkt_solve (delta rule), gla_factors
+               (per-channel gate on the warp-specialised pass), then one state/output pass
+  state pass   "ws" (chunk_fwd_ws.py, K = V in {64, 128}, not the per-channel delta rule) or "loop"
+               (chunk_fwd.py, every configuration); its DV block from the cost model below
+  split        the sequence split (seq_split.py) where the cost model says it pays: the transitions' pass, the
+               combine, then the output pass over the segments as one varlen batch
+Each stage's static configuration is its compile key; the launchers pass it to the builder unchanged.
+
+Cost model. A state pass is bound by each CTA's serial chain of chunks with one CTA per SM, so a launch takes about
+waves x chunks x the chunk period of its (update rule, K / DV block, output group on). The periods (CHUNK_US, in us
+at K = 128 on the H200; K = 64 takes those of the same K / DV block) and the split's fixed and per-step costs are
+data fitted to H200 measurements; each entry names the measurement in benchmarks/NOTES.md it comes from.
+
+Glossary: "plain" the plain update without a scalar gate (the state adds K^T V straight from the input slots), "vd"
+the plain update through a written Vd = exp(gc_last - gc) ⊙ V (scalar gate), "gdn" the gated delta rule, "delta"
+the ungated delta rule; "transitions" the split's state-only pass from a zero state, "combine" its entering states.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+CHUNK = 64  # tokens per chunk of every stage (and per tile of the tile-parallel kernels)
+GATES = ("none", "scalar", "channel")
+DTYPE_NAMES = {"torch.bfloat16": "bfloat16", "torch.float16": "float16", "torch.float32": "float32"}
+HALF = ("bfloat16", "float16")
+
+# ---- cost model (data) -------------------------------------------------------------------------------------------
+# (update rule, K / DV block, output group on) -> chunk period in us. Provenance (benchmarks/NOTES.md):
+#   gdn, with output: `tilela bench --op state_pass` unsplit passes over 16-132 CTAs (K / 4 taken at its full-GPU
+#     period); without output: the split's transitions (value [V | 0]) at 128 CTAs. K / 4 without output unmeasured.
+#   delta: gdn's, and K / 8 from the delta_rule pass at 16 value heads.
+#   plain / vd: unsplit ladder passes over 16-128 CTAs and the split's passes timed alone over 64-128 CTAs.
+_GDN_US = {(4, True): 1.86, (2, True): 2.3, (1, True): 4.1, (2, False): 2.2, (1, False): 4.2}
+CHUNK_US = {
+    **{("gdn", *key): us for key, us in _GDN_US.items()},
+    **{("delta", *key): us for key, us in _GDN_US.items()},
+    ("delta", 8, True): 1.25,
+    ("plain", 4, True): 0.85, ("plain", 2, True): 1.6, ("plain", 1, True): 3.2,
+    ("plain", 2, False): 0.55, ("plain", 1, False): 1.1,
+    ("vd", 4, True): 1.15, ("vd", 2, True): 2.0, ("vd", 1, True): 3.5,
+    ("vd", 2, False): 1.0, ("vd", 1, False): 1.73,
+}
+# The split's own cost by update rule (delta rule or not), fitted to the H200's split times (NOTES: "sequence split"):
+# a fixed cost (the table's copy, the combine launch, the gaps between launches) and a cost per combine step (one
+# batched product per segment index with the delta rule, a pipelined multiply-add without).
+SPLIT_FIXED_MS = {True: 0.07, False: 0.015}
+COMBINE_STEP_MS = {True: 0.005, False: 0.0005}
+SEGMENT_CHUNKS = (8, 16, 32, 64, 128, 256)
+# The split must beat the unsplit pass's modelled time by this factor: it covers the transitions' longer chunk period
+# when they fill the GPU several waves deep (shared bandwidth), which the model leaves out.
+SPLIT_MARGIN = 0.8
+
+
+def update_rule(gate: str, delta: bool) -> str:
+    """The chunk-period key of a configuration (glossary above)."""
+    if delta:
+        return "gdn" if gate != "none" else "delta"
+    return "vd" if gate == "scalar" else "plain"
+
+
+def dv_blocks(K: int) -> tuple[int, ...]:
+    """The DV blocks the warp-specialised pass is built for, largest first: K, K / 2, K / 4 and K / 8, down to 16."""
+    return tuple(block for block in (K, K // 2, K // 4, K // 8) if block >= 16)
+
+
+def modelled_us(K: int, V: int, grid: int, chunks: int, block_DV: int, sms: int, store_output: bool = True,
+                rule: str = "gdn") -> float:
+    """Modelled time of one warp-specialised launch: waves of CTAs (grid = sequences x value heads, times V / DV
+    blocks) times the chunk chain."""
+    return math.ceil(grid * (V // block_DV) / sms) * chunks * CHUNK_US[(rule, K // block_DV, store_output)]
+
+
+def default_block_DV(K: int, V: int, grid: int, sms: int = 132, store_output: bool = True, rule: str = "gdn") -> int:
+    """The DV block (of dv_blocks(K) with a chunk period; 16 columns only at K = 128) of least modelled time for
+    grid = sequences x value heads on sms SMs; the larger block on a tie (q/k loads and Q K^T once per block).
+    V > K only in the split's delta-rule transitions (V = 2K: the [V | 0] value)."""
+    blocks = [block for block in dv_blocks(K) if (block >= 32 or K >= 128) and (rule, K // block, store_output)
+              in CHUNK_US]
+    return min(blocks, key=lambda block: modelled_us(K, V, grid, 1, block, sms, store_output, rule))
+
+
+# ---- sequence split --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SegmentPlan:
+    """A split of sequences of the given host lengths: segment_chunks chunks per segment (a sequence's last segment
+    may be shorter), num_segments over all sequences, max_per_sequence of any one sequence."""
+
+    segment_chunks: int
+    num_segments: int
+    max_per_sequence: int
+    lengths: tuple[int, ...]
+
+    @classmethod
+    def of(cls, lengths, segment_chunks: int) -> "SegmentPlan":
+        if segment_chunks < 1:
+            raise ValueError(f"segment_chunks: expected >= 1, got {segment_chunks}")
+        lengths = tuple(int(n) for n in lengths)
+        counts = [max(1, math.ceil(n / (CHUNK * segment_chunks))) for n in lengths]
+        return cls(segment_chunks, sum(counts), max(counts, default=1), lengths)
+
+
+def _pass_ms(K: int, V: int, grid: int, chunks: int, sms: int, store_output: bool, rule: str) -> float:
+    block = default_block_DV(K, V, grid, sms, store_output, rule)
+    return 1e-3 * modelled_us(K, V, grid, chunks, block, sms, store_output, rule)
+
+
+def modelled_ms(lengths, heads: int, sms: int, split: SegmentPlan | None, K: int = 128, gate: str = "scalar",
+                delta: bool = True) -> float:
+    """Modelled time of the state/output pass unsplit (split None) or split: transitions (the state alone, value
+    [V | 0] with the delta rule, V without), combine steps, outputs and the split's fixed cost; each pass at the DV
+    block default_block_DV picks for it."""
+    rule = update_rule(gate, delta)
+    longest = max((math.ceil(n / CHUNK) for n in lengths), default=0)
+    if split is None:
+        return _pass_ms(K, K, len(lengths) * heads, longest, sms, True, rule)
+    chain = min(split.segment_chunks, longest)
+    grid = split.num_segments * heads
+    return (_pass_ms(K, 2 * K if delta else K, grid, chain, sms, False, rule)
+            + _pass_ms(K, K, grid, chain, sms, True, rule)
+            + SPLIT_FIXED_MS[delta] + (split.max_per_sequence - 1) * COMBINE_STEP_MS[delta])
+
+
+def auto_split(lengths, heads: int, sms: int, K: int = 128, gate: str = "scalar", delta: bool = True,
+               margin: float = SPLIT_MARGIN) -> SegmentPlan | None:
+    """The segment size (from SEGMENT_CHUNKS) of least modelled time, if it beats the unsplit pass's by the margin;
+    else None."""
+    longest = max((math.ceil(n / CHUNK) for n in lengths), default=0)
+    best, best_ms = None, margin * modelled_ms(lengths, heads, sms, None, K, gate, delta)
+    for segment_chunks in SEGMENT_CHUNKS:
+        if segment_chunks >= longest:
+            break
+        split = SegmentPlan.of(lengths, segment_chunks)
+        ms = modelled_ms(lengths, heads, sms, split, K, gate, delta)
+        if ms < best_ms:
+            best, best_ms = split, ms
+    return best
+
+
+# ---- coverage ----------------------------------------------------------------------------------------------------
+def covers(dtype: str, K: int, V: int, gate: str, delta: bool) -> bool:
+    """Whether the TileLang pipeline serves a call: bf16/fp16, K = V in {64, 128, 256}; the per-channel gate only up
+    to K = 128 (gla_factors: one thread per key channel) and with the plain update (chunk_kda takes the PyTorch
+    path until its kernels run through the GPU suite from the public op)."""
+    return (dtype in HALF and K == V and K in (64, 128, 256)
+            and (gate != "channel" or (K <= 128 and not delta)))
+
+
+def ws_covers(dtype: str, K: int, V: int, gate: str, delta: bool) -> bool:
+    """Whether the warp-specialised pass serves a configuration (else chunk_fwd.py's loop pass does)."""
+    return dtype in HALF and K == V and K in (64, 128) and gate in GATES and not (gate == "channel" and delta)
+
+
+def splits(gate: str) -> bool:
+    """Whether the sequence split takes a gate kind: its transitions are exp(segment decay) I (plain update) or read
+    from [B | M] (delta rule); a per-channel gate's would be diagonal per key channel, which the combine lacks."""
+    return gate != "channel"
+
+
+def loop_tiles(K: int, gate: str, delta: bool, dtype: str) -> tuple[int, int, int]:
+    """chunk_fwd.py's tiles (block_DV, threads, num_stages): 32-wide DV blocks (4 CTAs per value head at V = 128);
+    one stage where double buffers would pass the 227 KiB of shared memory: q/k at K = 256; with the per-channel
+    gate at K = 128, its fp32 gc tile plus the delta-rule tiles or the fp32 score operands of fp16 inputs."""
+    single = K >= 256 or (gate == "channel" and K >= 128 and (delta or dtype == "float16"))
+    return 32, 128, 1 if single else 2
+
+
+# ---- the plan ----------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PassConfig:
+    """One state/output launch's static configuration, its compile key: `args` are the builder's arguments
+    (chunk_fwd_ws.chunk_fwd_ws_kernel for kernel "ws", chunk_fwd.chunk_fwd_kernel for "loop"). tiles: (block_DV,
+    store_output) for "ws", (block_DV, threads, num_stages) for "loop"."""
+
+    kernel: str
+    K: int
+    V: int
+    scale: float
+    gate: str
+    delta: bool
+    dtype: str
+    beta_dtype: str
+    is_varlen: bool
+    use_initial_state: bool
+    store_final_state: bool
+    tiles: tuple
+
+    @property
+    def args(self) -> tuple:
+        return (self.K, self.V, self.scale, self.gate, self.delta, self.dtype, self.beta_dtype, self.is_varlen,
+                self.use_initial_state, self.store_final_state, *self.tiles)
+
+    @property
+    def block_DV(self) -> int:
+        return self.tiles[0]
+
+    @property
+    def store_output(self) -> bool:
+        return self.kernel == "loop" or self.tiles[1]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one call runs, decided by make_plan. Stage keys are None where the stage does not run.
+
+    cumsum       (chunk, g dtype) of chunk_local_cumsum on the gate, or None (no gate, or gla_factors sums it)
+    kkt          (chunk, method, dtype, gate, value heads per pass) of kkt_solve (delta rule)
+    factors      (K, dtype, sums the raw gate) of gla_factors (per-channel gate on the warp-specialised pass)
+    passes       the state/output launches: (outputs,) unsplit, (transitions, outputs) split
+    split        the SegmentPlan of the call's host lengths, or None
+    combine      (K, V, gate, reads an initial state) of seq_combine (the plain update's split)
+    The call's sizes (tokens, sequences, heads) are kept so launch.forward can check its inputs against the plan."""
+
+    gate: str
+    delta: bool
+    dtype: str
+    tokens: int
+    lengths: tuple[int, ...]
+    H: int
+    HV: int
+    K: int
+    V: int
+    initial_state: bool
+    output_final_state: bool
+    cumsum: tuple | None
+    kkt: tuple | None
+    factors: tuple | None
+    passes: tuple[PassConfig, ...]
+    split: SegmentPlan | None
+    combine: tuple | None
+
+    @property
+    def output(self) -> PassConfig:
+        return self.passes[-1]
+
+
+def kkt_key(chunk: int, method: str, dtype: str, gate: str, group: int) -> tuple:
+    """kkt_solve's compile key: two value heads per pass when the GVA group is even (the forward substitution then
+    keeps all 128 threads busy), one under a per-channel gate (each value head forms its own scores)."""
+    pair = 2 if group % 2 == 0 and gate != "channel" else 1
+    return (chunk, method, dtype, gate, pair)
+
+
+def make_plan(*, dtype: str, beta_dtype: str | None, gate_dtype: str | None, gate: str, delta: bool, H: int, HV: int,
+              K: int, V: int, lengths, tokens: int, varlen: bool, scale: float, initial_state: bool,
+              output_final_state: bool, sms: int, g_input: str = "raw", kernel: str = "auto",
+              block_DV: int | None = None, split="auto", outputs: bool = True) -> Plan:
+    """The plan of one call the pipeline covers (`covers`; the caller checks it first).
+
+    dtype: q/k/v's ("bfloat16" / "float16"); beta_dtype: beta's as the state pass reads it ("float32" or dtype; None
+    without the delta rule); gate_dtype: g's as the cumsum reads it ("float32", "bfloat16", "float16"; None without
+    a gate); lengths: the host sequence lengths; tokens: B * T.
+    The options below serve tests and benchmarks; the ops take the defaults:
+    g_input: "raw" (the log gate) or "cumsum" (its chunk-local cumsum already: no cumsum stage).
+    kernel: the state pass, "auto" (ws where it covers), "ws" or "loop".
+    block_DV: the unsplit ws pass's DV block (one of dv_blocks(K)), default from the cost model.
+    split: "auto" (auto_split), None (never) or a SegmentPlan of exactly these lengths.
+    outputs=False: the state alone (ws pass without its output group; o is not written)."""
+    if g_input not in ("raw", "cumsum"):
+        raise ValueError(f"g_input: expected 'raw' or 'cumsum', got {g_input!r}")
+    if kernel not in ("auto", "ws", "loop"):
+        raise ValueError(f"kernel: expected 'auto', 'ws' or 'loop', got {kernel!r}")
+    ws = ws_covers(dtype, K, V, gate, delta)
+    if kernel == "ws" and not ws:
+        raise ValueError(f"kernel='ws' covers K = V in (64, 128) with a scalar gate or none, or a per-channel gate "
+                         f"with the plain update, got K={K}, V={V}, gate {gate!r}, delta rule {delta}, {dtype}")
+    ws = ws and kernel != "loop"
+    lengths = tuple(int(n) for n in lengths)
+    if isinstance(split, SegmentPlan):
+        if not ws:
+            raise ValueError(f"split: the sequence split runs on the warp-specialised pass, got kernel={kernel!r}, "
+                             f"K={K}, V={V}, gate {gate!r}, delta rule {delta}")
+        if not splits(gate):
+            raise ValueError("split: the sequence split takes no per-channel gate (its transitions would be diagonal "
+                             "per key channel, not scalar), got a [B, T, HV, K] gate")
+        if split.lengths != lengths:
+            raise ValueError(f"split: a SegmentPlan of the call's lengths {lengths[:8]}..., got {split.lengths[:8]}...")
+    elif split == "auto":
+        split = auto_split(lengths, HV, sms, K, gate, delta) if ws and splits(gate) and outputs else None
+    elif split is not None:
+        raise ValueError(f"split: expected 'auto', None or a SegmentPlan, got {split!r}")
+    if block_DV is not None and (block_DV not in dv_blocks(K) or not ws or split is not None):
+        raise ValueError(f"block_DV: the unsplit warp-specialised pass takes one of {dv_blocks(K)}, got {block_DV} "
+                         f"(kernel={kernel!r}, warp-specialised: {ws}, split: {split is not None})")
+    if not outputs and not ws:
+        raise ValueError(f"outputs=False: the warp-specialised pass alone drops its output group, got kernel="
+                         f"{kernel!r}, K={K}, gate {gate!r}, delta rule {delta}")
+
+    beta_dtype = beta_dtype if delta else "float32"
+    factors = (K, dtype, g_input == "raw") if ws and gate == "channel" else None
+    cumsum = None if gate == "none" or factors or g_input == "cumsum" else (CHUNK, gate_dtype)
+    kkt = kkt_key(CHUNK, "blocked", dtype, gate, HV // H) if delta else None
+    rule = update_rule(gate, delta)
+
+    def state_pass(V_pass, grid, varlen_pass, h0, ht, store_output, block=None):
+        if not ws:
+            tiles = loop_tiles(K, gate, delta, dtype)
+        else:
+            tiles = (block or default_block_DV(K, V_pass, grid, sms, store_output, rule), store_output)
+        return PassConfig("ws" if ws else "loop", K, V_pass, float(scale), gate, delta, dtype, beta_dtype,
+                          varlen_pass, h0, ht, tiles)
+
+    if split is None:
+        passes = (state_pass(V, len(lengths) * HV, varlen, initial_state, output_final_state, outputs, block_DV),)
+        combine = None
+    else:
+        grid = split.num_segments * HV
+        # transitions: the state alone over every segment from a zero state (plain update: value V, combine after),
+        # or from [0 | I] with the value [V | 0] (delta rule: [B | M] out); outputs from the entering states
+        transitions = state_pass(2 * V if delta else V, grid, True, delta, True, False)
+        passes = (transitions, state_pass(V, grid, True, True, delta and output_final_state, True))
+        combine = None if delta else (K, V, gate, initial_state)
+    return Plan(gate, delta, dtype, int(tokens), lengths, H, HV, K, V, bool(initial_state), bool(output_final_state),
+                cumsum, kkt,
+                factors, passes, split, combine)

@@ -1,0 +1,147 @@
+"""The Hopper plan (kernels.hopper.plan, pure Python: no TileLang, no GPU): which stages and which state pass serve
+a call, the DV block the cost model picks, the split, and the errors for options a pass cannot serve."""
+
+import pytest
+
+from tilela.kernels.hopper import plan as P
+from tilela.kernels.hopper.plan import SegmentPlan, make_plan
+
+
+@pytest.mark.parametrize("K,gate,delta,dtype,covered", [
+    (128, "scalar", True, "bfloat16", True), (64, "none", False, "float16", True),
+    (256, "scalar", True, "bfloat16", False), (128, "channel", False, "bfloat16", True),
+    (128, "channel", True, "bfloat16", False), (128, "scalar", False, "float32", False),
+])
+def test_ws_covers(K, gate, delta, dtype, covered):
+    assert P.ws_covers(dtype, K, K, gate, delta) is covered
+
+
+@pytest.mark.parametrize("K,V,gate,delta,dtype,covered", [
+    (256, 256, "scalar", True, "bfloat16", True), (128, 64, "none", False, "bfloat16", False),
+    (256, 256, "channel", False, "float16", False), (128, 128, "channel", True, "bfloat16", False),
+    (64, 64, "none", True, "float32", False), (32, 32, "none", False, "bfloat16", False),
+])
+def test_pipeline_covers(K, V, gate, delta, dtype, covered):
+    assert P.covers(dtype, K, V, gate, delta) is covered
+
+
+@pytest.mark.parametrize("K,V,grid,block", [(128, 128, 33, 32), (128, 128, 34, 64), (128, 128, 66, 64),
+                                            (128, 128, 67, 128), (128, 128, 512, 128), (64, 64, 8, 32),
+                                            (64, 64, 100, 64),
+                                            (128, 256, 34, 128), (128, 256, 33, 64)])
+def test_ws_block_follows_grid_size(K, V, grid, block):
+    assert P.default_block_DV(K, V, grid, 132) == block
+
+
+@pytest.mark.parametrize("grid,block", [(33, 64), (66, 128), (128, 128), (500, 128)])
+def test_ws_block_without_output_group(grid, block):
+    """The state pass alone (the split's transitions, V = 2K): K / 2 runs its chain 1.9x faster than K at a full GPU
+    (2.2 against 4.2 us), so it wins while its twice the CTAs take fewer than 1.9x the waves of K."""
+    assert P.default_block_DV(128, 256, grid, 132, store_output=False) == block
+
+
+@pytest.mark.parametrize("K,grid,rule,block", [
+    (128, 16, "delta", 16), (128, 17, "delta", 32), (128, 16, "gdn", 32),  # K / 8 measured for delta_rule alone
+    (64, 8, "delta", 32),  # 16 columns only at K = 128
+    (128, 33, "plain", 32), (128, 34, "plain", 64), (128, 66, "plain", 64), (128, 67, "plain", 32),
+    (128, 100, "plain", 128), (128, 199, "plain", 32), (128, 199, "vd", 128),
+])
+def test_ws_block_by_update_rule(K, grid, rule, block):
+    """Each update rule at its own chunk periods: the ungated delta rule takes K / 8 blocks up to one wave; the
+    plain update from V ("plain") and through Vd ("vd") part where the waves of K / 4 blocks cost less than K's."""
+    assert P.default_block_DV(K, K, grid, 132, rule=rule) == block
+
+
+def _plan(**kw):
+    args = dict(dtype="bfloat16", beta_dtype="float32", gate_dtype="float32", gate="scalar", delta=True, H=1, HV=1,
+                K=128, V=128, lengths=[64], tokens=64, varlen=False, scale=1.0, initial_state=False,
+                output_final_state=True, sms=132)
+    return make_plan(**dict(args, **kw))
+
+
+def test_gdn_plan_names_its_stages_once():
+    plan = _plan(H=2, HV=8, lengths=[8192], tokens=8192)
+    assert plan.cumsum == (64, "float32") and plan.kkt == (64, "blocked", "bfloat16", "scalar", 2)
+    assert plan.factors is None and plan.split is None and plan.combine is None
+    (cfg,) = plan.passes
+    assert cfg.kernel == "ws" and cfg.args == (128, 128, 1.0, "scalar", True, "bfloat16", "float32", False, False,
+                                               True, 32, True)
+
+
+def test_gla_plan_sums_the_gate_in_its_factors():
+    plan = _plan(gate="channel", delta=False, beta_dtype=None)
+    assert plan.cumsum is None and plan.kkt is None and plan.factors == (128, "bfloat16", True)
+    assert _plan(gate="channel", delta=False, g_input="cumsum").factors == (128, "bfloat16", False)
+
+
+def test_k256_takes_the_loop_pass():
+    (cfg,) = _plan(K=256, V=256).passes
+    assert cfg.kernel == "loop" and cfg.tiles == (32, 128, 1)
+
+
+def test_split_plan_has_transitions_then_outputs():
+    delta = _plan(H=2, HV=8, lengths=[32768], tokens=32768, initial_state=True)
+    transitions, outputs = delta.passes
+    assert delta.split.segment_chunks == 64 and delta.combine is None
+    assert (transitions.V, transitions.store_output, transitions.use_initial_state) == (256, False, True)
+    assert (outputs.V, outputs.store_output, outputs.is_varlen, outputs.store_final_state) == (128, True, True, True)
+    plain = _plan(gate="none", delta=False, HV=16, H=16, lengths=[8192], tokens=8192, output_final_state=False)
+    transitions, outputs = plain.passes
+    assert plain.combine == (128, 128, "none", False) and transitions.V == 128 and not outputs.store_final_state
+
+
+def test_unknown_kernel_is_rejected():
+    with pytest.raises(ValueError, match="kernel: expected 'auto', 'ws' or 'loop', got 'fast'"):
+        _plan(kernel="fast")
+
+
+def test_ws_outside_its_coverage_is_rejected():
+    with pytest.raises(ValueError, match="K=256"):
+        _plan(K=256, V=256, kernel="ws")
+
+
+def test_sequence_split_needs_the_ws_pass():
+    with pytest.raises(ValueError, match="split: the sequence split runs on the warp-specialised pass"):
+        _plan(K=256, V=256, split=SegmentPlan.of([64], 1))
+    with pytest.raises(ValueError, match="split: the sequence split runs on the warp-specialised pass"):
+        _plan(kernel="loop", split=SegmentPlan.of([64], 1))
+
+
+def test_sequence_split_takes_no_per_channel_gate():
+    with pytest.raises(ValueError, match="split: the sequence split takes no per-channel gate"):
+        _plan(gate="channel", delta=False, split=SegmentPlan.of([64], 1))
+
+
+def test_split_must_be_of_the_call_lengths():
+    with pytest.raises(ValueError, match="split: a SegmentPlan of the call's lengths"):
+        _plan(split=SegmentPlan.of([128], 1))
+
+
+def test_unknown_g_input_is_rejected():
+    with pytest.raises(ValueError, match="g_input: expected 'raw' or 'cumsum', got 'gc'"):
+        _plan(g_input="gc")
+
+
+@pytest.mark.parametrize("kwargs", [dict(block_DV=8), dict(block_DV=64, kernel="loop"),
+                                    dict(block_DV=128, split=SegmentPlan.of([64], 1))])
+def test_block_DV_is_for_the_unsplit_ws_pass(kwargs):
+    with pytest.raises(ValueError, match=r"block_DV: the unsplit warp-specialised pass takes one of "
+                                         r"\(128, 64, 32, 16\)"):
+        _plan(**kwargs)
+
+
+def test_state_alone_is_for_the_ws_pass():
+    (cfg,) = _plan(outputs=False).passes
+    assert cfg.store_output is False
+    with pytest.raises(ValueError, match="outputs=False: the warp-specialised pass alone"):
+        _plan(outputs=False, kernel="loop")
+
+
+@pytest.mark.parametrize("gate,delta,rule", [("scalar", True, "gdn"), ("none", True, "delta"),
+                                             ("scalar", False, "vd"), ("none", False, "plain"),
+                                             ("channel", False, "plain")])
+def test_update_rule_keys_the_chunk_periods(gate, delta, rule):
+    """The plain update without a scalar gate adds K^T V from the input slots (no Vd): its own periods."""
+    assert P.update_rule(gate, delta) == rule
+
+
