@@ -18,7 +18,7 @@ Each stage's static configuration is its compile key; the launchers pass it to t
 Cost model. A state pass is bound by each CTA's serial chain of chunks with one CTA per SM, so a launch takes about
 waves x chunks x the chunk period of its (update rule, K / DV block, output group on). The periods (CHUNK_US, in us
 at K = 128 on the H200; K = 64 takes those of the same K / DV block) and the split's fixed and per-step costs are
-data fitted to H200 measurements; each entry names the measurement in benchmarks/NOTES.md it comes from.
+data fitted to H200 measurements; each table names the section of benchmarks/NOTES.md it comes from.
 
 Glossary: "plain" the plain update without a scalar gate (the state adds K^T V straight from the input slots), "vd"
 the plain update through a written Vd = exp(gc_last - gc) ⊙ V (scalar gate), "gdn" the gated delta rule, "delta"
@@ -36,11 +36,14 @@ DTYPE_NAMES = {"torch.bfloat16": "bfloat16", "torch.float16": "float16", "torch.
 HALF = ("bfloat16", "float16")
 
 # ---- cost model (data) -------------------------------------------------------------------------------------------
-# (update rule, K / DV block, output group on) -> chunk period in us. Provenance (benchmarks/NOTES.md):
-#   gdn, with output: `tilela bench --op state_pass` unsplit passes over 16-132 CTAs (K / 4 taken at its full-GPU
-#     period); without output: the split's transitions (value [V | 0]) at 128 CTAs. K / 4 without output unmeasured.
-#   delta: gdn's, and K / 8 from the delta_rule pass at 16 value heads.
-#   plain / vd: unsplit ladder passes over 16-128 CTAs and the split's passes timed alone over 64-128 CTAs.
+# (update rule, K / DV block, output group on) -> chunk period in us; where each comes from (benchmarks/NOTES.md and
+# the result files it names):
+#   gdn, with output     "DV blocks of K / 4: the pass 24-32% faster below one wave"; K / 4 at its full-GPU period
+#   gdn, without output  "The sequence split: measured, modelled, switched on" (the transitions, value [V | 0]);
+#                        K / 4 without output never measured, so never picked
+#   delta                gdn's, and K / 8 from "the plain update's lean split, two output groups, K / 8 for delta_rule"
+#   plain / vd           "Chunk periods of the plain update" and, under "the plain update straight from V, deeper
+#                        input slots", its "Sweeps"
 _GDN_US = {(4, True): 1.86, (2, True): 2.3, (1, True): 4.1, (2, False): 2.2, (1, False): 4.2}
 CHUNK_US = {
     **{("gdn", *key): us for key, us in _GDN_US.items()},
@@ -51,9 +54,10 @@ CHUNK_US = {
     ("vd", 4, True): 1.15, ("vd", 2, True): 2.0, ("vd", 1, True): 3.5,
     ("vd", 2, False): 1.0, ("vd", 1, False): 1.73,
 }
-# The split's own cost by update rule (delta rule or not), fitted to the H200's split times (NOTES: "sequence split"):
-# a fixed cost (the table's copy, the combine launch, the gaps between launches) and a cost per combine step (one
-# batched product per segment index with the delta rule, a pipelined multiply-add without).
+# The split's own cost by update rule (delta rule or not): a fixed cost (the table's copy, the combine launch, the gaps
+# between launches) and a cost per combine step (one batched product per segment index with the delta rule, a
+# pipelined multiply-add without); fitted in "The sequence split: measured, modelled, switched on" (delta rule) and
+# "the plain update's lean split, two output groups" (plain update).
 SPLIT_FIXED_MS = {True: 0.07, False: 0.015}
 COMBINE_STEP_MS = {True: 0.005, False: 0.0005}
 SEGMENT_CHUNKS = (8, 16, 32, 64, 128, 256)
