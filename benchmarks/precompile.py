@@ -43,7 +43,7 @@ def jobs():
     """kkt / cumsum / gla: every shipped configuration.  State/output passes with the (varlen, initial state, final
     state) switches the GPU tests and benchmarks use: GDN in both passes (and its half-precision beta), the other
     ladder levels in the pass that serves them, the warp-specialised pass at every DV block it is built for
-    (chunk_fwd_ws.dv_blocks) and its sequence-split transitions."""
+    (plan.dv_blocks) and its sequence-split transitions."""
     from tilela.kernels.hopper import CUMSUM_CONFIGS, GLA_FACTORS_CONFIGS, KKT_CONFIGS, SEQ_COMBINE_CONFIGS
     from tilela.kernels.hopper.plan import dv_blocks, ws_covers
 

@@ -155,7 +155,7 @@ def test_gla_factors_match_reference(case, cumsum):
     G = HV // c["H"]
     qv, kv = (x.double().repeat_interleave(G, dim=2) for x in (q, k))  # value head h reads q/k head h // G
     ref = [torch.zeros(B, T, HV, n, dtype=torch.float64) for n in (K, K, 64)]
-    slots, ref_D = [], []  # the tile slots chunks occupy (kernels.locate_tile; the others are never written)
+    slots, ref_D = [], []  # the tile slots chunks occupy (common.locate_tile; the others are never written)
     bounds = [(b, b * -(-T // 64), 0, T) for b in range(B)] if cu is None else \
         [(0, s // 64 + n, s, e) for n, (s, e) in enumerate(zip(cu[:-1], cu[1:]))]
     for b, slot0, s, e in bounds:

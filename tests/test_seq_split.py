@@ -58,7 +58,7 @@ def test_segment_plan_rejects_empty_segments():
     ([28672, 4096], 8, "scalar", True, 64),
     ([1024] * 8, 8, "scalar", True, None),
 ])
-def test_auto_plan_splits_only_long_sequences_on_small_grids(lengths, heads, gate, delta, segment_chunks):
+def test_auto_split_splits_only_long_sequences_on_small_grids(lengths, heads, gate, delta, segment_chunks):
     plan = auto_split(lengths, heads, 132, 128, gate, delta)
     assert (plan and plan.segment_chunks) == segment_chunks
     if plan is not None:

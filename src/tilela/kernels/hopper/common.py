@@ -70,7 +70,7 @@ def state_pass_contract(K, V, gate, delta, dtype, beta_dtype, scores=False):
     configuration does not read (g without a gate; beta and A for the plain update) are one-element placeholders.
     scores: the per-channel gate's factors (hopper/gla_factors.py) in place of the inputs: q, k carry Qg, Kd (then
     H = HV), the A slot the intra-chunk scores P [B, Tn, HV, 64] and g the decays D = exp(gc_last) [tile slots, HV,
-    K] (tile slot of chunk c of sequence n: kernels.locate_tile's, floor(cu[n] / 64) + n + c, dense n ceil(Tn / 64)
+    K] (tile slot of chunk c of sequence n: common.locate_tile's, floor(cu[n] / 64) + n + c, dense n ceil(Tn / 64)
     + c)."""
     B, Tn, H, HV, N0, N1, NS1, NSL = T.dynamic("B, Tn, H, HV, N0, N1, NS1, NSL")
     accum = "float32"

@@ -6,7 +6,7 @@ Mirrors reference.cumsum.chunk_local_cumsum. The gate is viewed as [1, T, W] wit
 (per-channel gate). A CTA owns a 64-token x 128-column tile: the tile comes in as one coalesced parallel load into
 shared memory (every load in flight at once: a thread walking global memory row by row would wait out 64
 dependent latencies), each thread then scans its column in shared memory in order, restarting the float32 sum at
-each chunk start, and the tile leaves by one coalesced parallel store. Tiles come from kernels.locate_tile
+each chunk start, and the tile leaves by one coalesced parallel store. Tiles come from common.locate_tile
 (varlen without host synchronisation); chunks of C <= 64 align with tiles because both count from the sequence
 start.
 """

@@ -12,7 +12,7 @@ the chunk and gc_last is its least value in every channel). With them the state/
 gate "channel") runs the scalar gate's chain: no score product and no [64, K] exponent tile on the serial path,
 only the per-row decay D of S.
 
-One CTA of 128 threads per (64-row tile, value head): tiles come from kernels.locate_tile (varlen without host
+One CTA of 128 threads per (64-row tile, value head): tiles come from common.locate_tile (varlen without host
 synchronisation), chunks are tiles, D is indexed by tile slot. With cumsum the kernel reads the raw gate and sums
 it along each column of the tile itself (one thread per key channel, as hopper/cumsum.py), so gc never goes
 through global memory; else it reads gc. Rows past the sequence end hold gc of its last row.
@@ -24,7 +24,7 @@ The scores, two ways, chosen per tile:
     than e^-80 within 16 tokens): query rows of 16-row sub-chunk a against R_a = gc of the row before it
     (R_0 = 0), one 64x64 product per sub-chunk, keeping a's rows.
 Causal entries only (select, not multiply: the products above the diagonal may be huge). The score operands are bf16
-for bf16 inputs, fp32 (tf32) for fp16 ones (kernels.channel_score_dtype). Qg and Kd have non-positive exponents and
+for bf16 inputs, fp32 (tf32) for fp16 ones (common.channel_score_dtype). Qg and Kd have non-positive exponents and
 leave in the input dtype, as does P. Rows past the sequence end are not stored: the next sequence's tile owns them.
 """
 
