@@ -6,7 +6,9 @@ the roofline counts of a case. For every case the harness
   - runs every implementation once eagerly (JIT compile / autotune, outside the timing), compares its output on
     input set 0 with the first implementation's (`rel_err_vs`), and times it as a CUDA graph replaying one call per
     input set: median over `replays` replays of (replay time / rotations), warm-up replays excluded;
-and, on the op's small check cases, compares every implementation with the float64 reference (`rel_err`).
+and times it eagerly too (`eager_ms`: one call per input set from the host, launch gaps and host overhead
+included, as a serving engine runs prefill without a graph); on the op's small check cases it compares every
+implementation with the float64 reference (`rel_err`).
 Records (op, case, impl, ms, rel_err, rel_err_vs, floor, device, versions) go to a JSON file under
 benchmarks/results/, and a markdown table with the ratios to the first implementation and the roofline floor
 (bytes / 4.3 TB/s, FLOPs / 790 TFLOP/s) is printed.
@@ -259,9 +261,13 @@ def run(op: str, quick: bool = False, replays: int = 30, impls: list[str] | None
                 record(case, impl, kind="time", ms=None, rel_err=None, rel_err_vs=None, error=error)
                 print(f"{case.name:40s} {impl:24s} failed: {error}", flush=True)
                 continue
-            record(case, impl, kind="time", ms=ms, rel_err=None, rel_err_vs={base_impl: err}, rotations=rotations,
-                   timing=timing)
-            print(f"{case.name:40s} {impl:24s} {ms:9.4f} ms  vs {base_impl}: {err:.2e} ({timing})", flush=True)
+            eager_ms = ms if timing == "eager" else _attempt(time_eager, lambda x, fn=fn: fn(case, x), input_sets,
+                                                            replays)[0]
+            record(case, impl, kind="time", ms=ms, eager_ms=eager_ms, rel_err=None, rel_err_vs={base_impl: err},
+                   rotations=rotations, timing=timing)
+            eager = "-" if eager_ms is None else f"{eager_ms:.4f}"
+            print(f"{case.name:40s} {impl:24s} {ms:9.4f} ms (eager {eager})  vs {base_impl}: {err:.2e} ({timing})",
+                  flush=True)
             if profile:
                 kernels, error = _attempt(kernel_times, lambda x, fn=fn: fn(case, x), first)
                 records[-1].update(kernels=kernels, kernels_error=error)

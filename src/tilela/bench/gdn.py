@@ -12,7 +12,9 @@ Implementations (all given cu_seqlens and, where they take it, its host copy):
   fla         fla.ops.gated_delta_rule.chunk_gated_delta_rule with FLA_FLASH_QLA=0 (Triton)
   flash_qla   flash_qla.chunk_gated_delta_rule (TileLang)
 Grid: head configs (h_qk/h_v) 2/8, 4/16, 8/24, 16/32, 16/64, 32/32 x layouts 1x32768, 1x8192, 1x2048,
-28672+4096, 8192x4, 1024x8 (the last three varlen) x both gate regimes; K = V = 128.
+28672+4096, 8192x4, 1024x8 (the last three varlen) x both gate regimes; K = V = 128. Beyond it (EXTRA): 1x65536 and
+1x131072 at h2/8, h4/16, h16/32; one 16384-token sequence among 63 of 128 tokens; a serving-like batch of 40
+sequences of 50-2000 tokens; a tiny 1x512 call.
 Floor: q, k, v, g, beta read once, o written once, the state read and written once; FLOPs of the chunk
 form (K K^T per q/k head; per value head K S, A R, Q S, Q K^T, P Vnew and K^T Vnew per chunk).
 """
@@ -37,6 +39,24 @@ LAYOUTS = {
 QUICK = [((16, 32), "1x32768"), ((32, 32), "1x8192"), ((4, 16), "28672+4096"), ((16, 64), "1024x8")]
 
 
+def _serving_mix(n=40, low=50, high=2000, seed=0):
+    """A serving-like prefill batch: n sequences of lengths drawn uniformly from [low, high] (seeded, so every run
+    times the same layout)."""
+    gen = torch.Generator().manual_seed(seed)
+    return tuple(int(x) for x in torch.randint(low, high + 1, (n,), generator=gen))
+
+
+# layouts users hit beyond the grid, each at its own head configurations: long context on tensor-parallel shards,
+# one long sequence among many short ones, a serving-like mix, a tiny call
+EXTRA = [
+    *((heads, "1x65536", (65536,)) for heads in ((2, 8), (4, 16), (16, 32))),
+    *((heads, "1x131072", (131072,)) for heads in ((2, 8), (4, 16), (16, 32))),
+    *((heads, "skew16384+63x128", (16384,) + (128,) * 63) for heads in ((4, 16), (16, 32))),
+    *((heads, "serving40", _serving_mix()) for heads in ((4, 16), (16, 32))),
+    *((heads, "1x512", (512,)) for heads in ((2, 8), (16, 32))),
+]
+
+
 def _case(heads, layout, gate, lengths):
     h_qk, h_v = heads
     return Case(f"{layout}_h{h_qk}-{h_v}_{gate}",
@@ -45,7 +65,8 @@ def _case(heads, layout, gate, lengths):
 
 def cases(quick):
     pairs = QUICK if quick else [(h, lay) for lay in LAYOUTS for h in HEADS]
-    return [_case(h, lay, gate, LAYOUTS[lay]) for h, lay in pairs for gate in ("mixed", "decay")]
+    layouts = [(h, lay, LAYOUTS[lay]) for h, lay in pairs] + ([] if quick else EXTRA)
+    return [_case(h, lay, gate, lengths) for h, lay, lengths in layouts for gate in ("mixed", "decay")]
 
 
 def make_inputs(case, seed):
