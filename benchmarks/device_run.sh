@@ -4,8 +4,10 @@
 #   device run, carry [".gpu-bundle", ".devrun"]:
 #   . .gpu-bundle/setup.sh && bash benchmarks/device_run.sh [--full] [--no-tests] [op ...]
 #   ops: gdn (default), ladder, kkt_solve, chunk_local_cumsum, state_pass; --full runs every case instead of --quick.
-#   Time limits (s): PRECOMPILE_TIMEOUT, TEST_TIMEOUT, BENCH_TIMEOUT, or BENCH_TIMEOUT_<op> for one op; DEADLINE
-#   (epoch seconds) cuts every benchmark short of it.
+#   Time limits (s): PRECOMPILE_TIMEOUT (0 skips the precompile), TEST_TIMEOUT, BENCH_TIMEOUT, or
+#   BENCH_TIMEOUT_<op> for one op; DEADLINE (epoch seconds) cuts every benchmark short of it. TEST_PROCS: pytest-xdist
+#   workers for the GPU tests (default 16: the tests' TileLang compiles then run in parallel on the host's cores).
+#   BENCH_ARGS: extra arguments for every `tilela bench` (e.g. --cases ...).
 # Caches (benchmarks/device_cache.sh): .devrun/*.tar.xz unpacked into the kernel caches first (build the TileLang
 # part on a CPU machine: `python benchmarks/precompile.py`, same TILELANG_CACHE_DIR / TILELANG_DEFAULT_TARGET);
 # whatever it misses is compiled here first, 16 processes at once; what the call added leaves as
@@ -26,12 +28,17 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-timeout "${PRECOMPILE_TIMEOUT:-240}" python benchmarks/precompile.py 16 > "$OUT/precompile.log" 2>&1
-tail -1 "$OUT/precompile.log"
-echo "precompile: $(( $(date +%s) - t0 )) s"
+if [ "${PRECOMPILE_TIMEOUT:-240}" -gt 0 ]; then
+  timeout "${PRECOMPILE_TIMEOUT:-240}" python benchmarks/precompile.py 16 > "$OUT/precompile.log" 2>&1
+  tail -1 "$OUT/precompile.log"
+  echo "precompile: $(( $(date +%s) - t0 )) s"
+fi
 if [ -n "$tests" ]; then
-  timeout "${TEST_TIMEOUT:-240}" python -m pytest -q -p no:cacheprovider --tb=short tests/test_gpu_ops.py \
-    tests/test_gpu_gdn.py tests/test_gpu_ladder.py tests/test_gpu_kkt.py 2>&1 | grep -v INFO > "$OUT/pytest_gpu.log"
+  workers=(-n "${TEST_PROCS:-16}")
+  python -c "import xdist" 2>/dev/null || workers=()
+  timeout "${TEST_TIMEOUT:-240}" python -m pytest -q -p no:cacheprovider --tb=short "${workers[@]}" \
+    tests/test_gpu_ops.py tests/test_gpu_gdn.py tests/test_gpu_ladder.py tests/test_gpu_kkt.py 2>&1 \
+    | grep -v INFO > "$OUT/pytest_gpu.log"
   grep -E "passed|failed|FAILED|Error" "$OUT/pytest_gpu.log" | tail -15
   echo "tests: $(( $(date +%s) - t0 )) s"
 fi
@@ -41,7 +48,7 @@ for op in "${@:-gdn}"; do
   # DEADLINE (epoch seconds): leave 30 s for the cache's tarball
   [ -n "$DEADLINE" ] && limit=$(( limit < DEADLINE - $(date +%s) - 30 ? limit : DEADLINE - $(date +%s) - 30 ))
   [ "$limit" -lt 1 ] && limit=1
-  timeout "$limit" python -m tilela.cli bench --op "$op" $quick --replays 20 --out "$OUT/$op.json" \
+  timeout "$limit" python -m tilela.cli bench --op "$op" $quick --replays 20 --out "$OUT/$op.json" $BENCH_ARGS \
     2>&1 | grep -v INFO > "$OUT/bench_$op.log"
   grep "^|" "$OUT/bench_$op.log"
 done
