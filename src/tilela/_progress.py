@@ -28,7 +28,7 @@ class Progress:
         self.enabled = self.stream.isatty() if enabled is None else enabled
         self.done, self.what = 0, ""
         self.start = time.perf_counter()
-        self._width = 0  # characters of the line last drawn, to blank what a shorter line leaves
+        self._drawn, self._width = "", 0  # the line last drawn and its length, to blank what a shorter line leaves
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._ticker = None
@@ -60,7 +60,7 @@ class Progress:
             if self.enabled:
                 self.stream.write("\r" + " " * self._width + "\r")
                 self.stream.flush()
-                self._width = 0
+                self._drawn, self._width = "", 0
             print(line, flush=True)
         self._draw()
 
@@ -83,6 +83,9 @@ class Progress:
             return
         with self._lock:
             text = self.line()
+            if text == self._drawn:
+                return
+            self._drawn = text
             self.stream.write("\r" + text + " " * max(self._width - len(text), 0))
             self.stream.flush()
             self._width = len(text)
