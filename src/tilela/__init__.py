@@ -11,6 +11,7 @@ from .ops import (
     chunk_simple_gla,
     kkt_solve,
 )
+from .precompile import warmup
 
 __version__ = "0.1.0"
 

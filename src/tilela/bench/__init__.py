@@ -27,12 +27,15 @@ import json
 import math
 import os
 import statistics
+import sys
 from pathlib import Path
 from typing import Any, Callable
 
 os.environ.setdefault("FLA_FLASH_QLA", "0")
 
 import torch  # noqa: E402
+
+from .._progress import Progress  # noqa: E402
 
 HBM_BYTES_PER_S = 4.3e12
 TENSOR_FLOPS_PER_S = 790e12
@@ -226,57 +229,65 @@ def run(op: str, quick: bool = False, replays: int = 30, impls: list[str] | None
         records.append({"op": op, "case": case.name, "params": case.params, "impl": impl, **fields,
                         "floor_ms": floor_ms, "cost": cost, "device": dev, "versions": vers})
 
-    for check in bench.check_cases if checks else []:
-        inputs = bench.make_inputs(check, 0)
-        ref = bench.reference(check, {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()})
-        for impl, fn in chosen.items():
-            out, error = _attempt(fn, check, inputs)
-            if out is not None or error is not None:
-                record(check, impl, kind="check", ms=None, rel_err=None if error else rel_l2(out, ref), rel_err_vs=None,
-                       error=error)
-                print(f"{check.name:40s} {impl:24s} rel err vs float64 {records[-1]['rel_err'] or error}", flush=True)
-        del inputs, ref
+    check_cases = bench.check_cases if checks else []
+    cases = selected(bench.cases(quick), only)
+    with Progress(f"bench {op}", total=len(check_cases) + len(cases)) as bar:
+        for check in check_cases:
+            bar.update(check.name)
+            inputs = bench.make_inputs(check, 0)
+            ref = bench.reference(check, {k: v.cpu() if isinstance(v, torch.Tensor) else v
+                                          for k, v in inputs.items()})
+            for impl, fn in chosen.items():
+                out, error = _attempt(fn, check, inputs)
+                if out is not None or error is not None:
+                    record(check, impl, kind="check", ms=None, rel_err=None if error else rel_l2(out, ref),
+                           rel_err_vs=None, error=error)
+                    bar.echo(f"{check.name:40s} {impl:24s} rel err vs float64 {records[-1]['rel_err'] or error}")
+            del inputs, ref
+            bar.advance()
 
-    for case in selected(bench.cases(quick), only):
-        first = bench.make_inputs(case, 0)
-        rotations = max(2, min(32, math.ceil(2 * l2 / max(input_bytes(first), 1))))
-        input_sets = [first] + [bench.make_inputs(case, seed) for seed in range(1, rotations)]
-        baseline = None
-        for impl, fn in chosen.items():
-            out, error = _attempt(fn, case, first)
-            if out is None and error is None:
-                continue  # the implementation does not cover this case
-            if out is not None:
-                if baseline is None:
-                    baseline, base_impl = out, impl
-                err = rel_l2(out, baseline)
-                del out
-                timing = "cuda_graph"
-                ms, error = _attempt(time_graph, lambda x, fn=fn: fn(case, x), input_sets, replays)
+        for case in cases:
+            bar.update(case.name)
+            first = bench.make_inputs(case, 0)
+            rotations = max(2, min(32, math.ceil(2 * l2 / max(input_bytes(first), 1))))
+            input_sets = [first] + [bench.make_inputs(case, seed) for seed in range(1, rotations)]
+            baseline = None
+            for impl, fn in chosen.items():
+                out, error = _attempt(fn, case, first)
+                if out is None and error is None:
+                    continue  # the implementation does not cover this case
+                if out is not None:
+                    if baseline is None:
+                        baseline, base_impl = out, impl
+                    err = rel_l2(out, baseline)
+                    del out
+                    timing = "cuda_graph"
+                    ms, error = _attempt(time_graph, lambda x, fn=fn: fn(case, x), input_sets, replays)
+                    if error is not None:
+                        bar.echo(f"{case.name:40s} {impl:24s} graph capture failed ({error}); timing eagerly")
+                        timing = "eager"
+                        ms, error = _attempt(time_eager, lambda x, fn=fn: fn(case, x), input_sets, replays)
                 if error is not None:
-                    print(f"{case.name:40s} {impl:24s} graph capture failed ({error}); timing eagerly", flush=True)
-                    timing = "eager"
-                    ms, error = _attempt(time_eager, lambda x, fn=fn: fn(case, x), input_sets, replays)
-            if error is not None:
-                record(case, impl, kind="time", ms=None, rel_err=None, rel_err_vs=None, error=error)
-                print(f"{case.name:40s} {impl:24s} failed: {error}", flush=True)
-                continue
-            eager_ms = ms if timing == "eager" else _attempt(time_eager, lambda x, fn=fn: fn(case, x), input_sets,
-                                                            replays)[0]
-            record(case, impl, kind="time", ms=ms, eager_ms=eager_ms, rel_err=None, rel_err_vs={base_impl: err},
-                   rotations=rotations, timing=timing)
-            eager = "-" if eager_ms is None else f"{eager_ms:.4f}"
-            print(f"{case.name:40s} {impl:24s} {ms:9.4f} ms (eager {eager})  vs {base_impl}: {err:.2e} ({timing})",
-                  flush=True)
-            if profile:
-                kernels, error = _attempt(kernel_times, lambda x, fn=fn: fn(case, x), first)
-                records[-1].update(kernels=kernels, kernels_error=error)
-                for name, us in (kernels or {}).items():
-                    print(f"{'':40s} {'':24s} {us:9.1f} us  {name[:90]}", flush=True)
-        del input_sets, first, baseline
-        torch.cuda.empty_cache()
-        if save is not None:
-            save(records)
+                    record(case, impl, kind="time", ms=None, rel_err=None, rel_err_vs=None, error=error)
+                    bar.echo(f"{case.name:40s} {impl:24s} failed: {error}")
+                    continue
+                eager_ms = ms if timing == "eager" else _attempt(time_eager, lambda x, fn=fn: fn(case, x),
+                                                                input_sets, replays)[0]
+                record(case, impl, kind="time", ms=ms, eager_ms=eager_ms, rel_err=None, rel_err_vs={base_impl: err},
+                       rotations=rotations, timing=timing)
+                eager = "-" if eager_ms is None else f"{eager_ms:.4f}"
+                bar.echo(f"{case.name:40s} {impl:24s} {ms:9.4f} ms (eager {eager})  vs {base_impl}: {err:.2e} "
+                         f"({timing})")
+                if profile:
+                    kernels, error = _attempt(kernel_times, lambda x, fn=fn: fn(case, x), first)
+                    records[-1].update(kernels=kernels, kernels_error=error)
+                    for name, us in (kernels or {}).items():
+                        bar.echo(f"{'':40s} {'':24s} {us:9.1f} us  {name[:90]}")
+            del input_sets, first, baseline
+            torch.cuda.empty_cache()
+            if save is not None:
+                save(records)
+            bar.advance()
     return records
 
 
@@ -313,39 +324,90 @@ def markdown(records: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def merged(paths: list[Path], op: str | None = None) -> list[dict[str, Any]]:
-    """The records of several result files of one op: a later file's records of a case (its float64 checks, or its
-    timings and their failures) replace every earlier record of that case and kind, so each row of the table comes
-    from one run (its implementations side by side); eager timings are left out (they include launch gaps and host
-    copies, so they do not compare with CUDA-graph ones). For a grid measured over several calls or GPUs
-    (benchmarks/device_pair.sh)."""
-    rows: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
-    for path in paths:
+class ResultFileError(ValueError):
+    """A result file that cannot be read as tilela bench results; the message is one line naming the file."""
+
+
+def load_result(path: Path | str) -> dict[str, Any]:
+    """A result file written by `tilela bench` ({"op", "records"}), checked enough for markdown() and the charts."""
+    try:
         data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ResultFileError(f"{path}: no such file") from None
+    except OSError as exc:
+        raise ResultFileError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ResultFileError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("op"), str) or not isinstance(data.get("records"), list):
+        raise ResultFileError(f"{path}: not a tilela bench result (expected an object with \"op\" and \"records\")")
+    if data["op"] not in OPS:
+        raise ResultFileError(f"{path}: results of an unknown op {data['op']!r} (known: {', '.join(sorted(OPS))})")
+    for i, r in enumerate(data["records"]):
+        needed = ("case", "impl") + (("floor_ms",) if isinstance(r, dict) and r.get("ms") is not None else ())
+        missing = [key for key in needed if not isinstance(r, dict) or key not in r]
+        if missing:
+            raise ResultFileError(f"{path}: record {i} is not a tilela bench record (no {', '.join(missing)})")
+    return data
+
+
+def merged(paths: list[Path], op: str | None = None) -> list[dict[str, Any]]:
+    """merge() of the result files at paths."""
+    return merge([(Path(path).name, load_result(path)) for path in paths], op)
+
+
+def merge(results: list[tuple[str, dict[str, Any]]], op: str | None = None) -> list[dict[str, Any]]:
+    """The records of several results (file name, load_result's data) of one op: a later file's records of a case (its
+    float64 checks, or its timings and their failures) replace every earlier record of that case and kind, so each
+    row of the table comes from one run (its implementations side by side); eager timings are left out (they include
+    launch gaps and host copies, so they do not compare with CUDA-graph ones). For a grid measured over several calls
+    or GPUs (benchmarks/device_pair.sh)."""
+    rows: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
+    for name, data in results:
         if op is not None and data["op"] != op:
-            raise ValueError(f"{path}: expected results of op {op!r}, got {data['op']!r}")
+            raise ValueError(f"{name}: expected results of op {op!r}, got {data['op']!r}")
         op = data["op"]
         fresh: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
         for r in data["records"]:
             if r.get("ms") is not None and r.get("timing", "cuda_graph") != "cuda_graph":
                 continue
             kind = r.get("kind") or ("check" if r.get("rel_err") is not None else "time")  # files before "kind"
-            fresh.setdefault((r["case"], kind), {})[r["impl"]] = dict(r, file=Path(path).name)
+            fresh.setdefault((r["case"], kind), {})[r["impl"]] = dict(r, file=name)
         rows.update(fresh)
     records = [r for row in rows.values() for r in row.values()]
     bench: Bench = importlib.import_module(OPS[op]).BENCH
     order = {c.name: i for i, c in enumerate(bench.check_cases + bench.cases(False))}
     impls = list(bench.impls)
-    return sorted(records, key=lambda r: (r["ms"] is not None, order.get(r["case"], len(order)),
-                                                  impls.index(r["impl"]) if r["impl"] in impls else len(impls)))
+    return sorted(records, key=lambda r: (r.get("ms") is not None, order.get(r["case"], len(order)),
+                                          impls.index(r["impl"]) if r["impl"] in impls else len(impls)))
+
+
+def merged_by_op(paths: list[Path], op: str | None = None) -> dict[str, list[dict[str, Any]]]:
+    """op -> merge() of its files among paths (in the order the ops first appear); op: only that op's files.
+    Raises ResultFileError for a file that is not a result file, or when no file holds op's results."""
+    by_op: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+    for path in paths:
+        data = load_result(path)
+        by_op.setdefault(data["op"], []).append((Path(path).name, data))
+    if op is not None:
+        if op not in by_op:
+            raise ResultFileError(f"no results of op {op!r} among the {len(paths)} files (they hold {sorted(by_op)})")
+        by_op = {op: by_op[op]}
+    return {name: merge(results, name) for name, results in by_op.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tilela bench", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--op", choices=sorted(OPS), required=False)
-    parser.add_argument("--report", type=Path, nargs="+", default=None, metavar="JSON",
-                        help="print the markdown table of these result files (a later file's records of a case replace "
-                             "the earlier ones of it: each row is one run; eager timings left out) instead of running")
+    parser.add_argument("--op", choices=sorted(OPS), required=False,
+                        help="the op to benchmark; with --report or --plot, report only its files")
+    parser.add_argument("--report", type=Path, nargs="*", default=None, metavar="JSON",
+                        help="print a markdown table per op of these result files (a later file's records of a case "
+                             "replace the earlier ones of it: each row is one run; eager timings left out) instead of "
+                             "running")
+    parser.add_argument("--plot", action="store_true",
+                        help="write PNG charts of the result files (speed-up against FLA and FlashQLA per case, "
+                             "latency against sequence length) instead of running; needs matplotlib")
+    parser.add_argument("--out-dir", type=Path, default=Path("."), help="where --plot writes its charts (default .)")
+    parser.add_argument("files", type=Path, nargs="*", metavar="JSON", help="result files for --report / --plot")
     parser.add_argument("--quick", action="store_true", help="a subset of the cases")
     parser.add_argument("--replays", type=int, default=30)
     parser.add_argument("--impls", default=None, help="comma-separated subset of the implementations")
@@ -357,11 +419,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None,
                         help="JSON file (default benchmarks/results/<op>-<time>.json)")
     args = parser.parse_args(argv)
-    if args.report is not None:
-        print(markdown(merged(args.report, args.op)))
-        return 0
+    if args.report is not None or args.plot:
+        return _report_and_plot(parser, args)
+    if args.files:
+        parser.error(f"result files {[str(f) for f in args.files]} given without --report or --plot")
     if args.op is None:
-        parser.error("--op is required unless --report is given")
+        parser.error("--op is required unless --report or --plot is given")
     if not torch.cuda.is_available():
         parser.error("needs a CUDA GPU")
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
@@ -378,4 +441,28 @@ def main(argv: list[str] | None = None) -> int:
     save(records)
     print(markdown(records))
     print(f"\nwritten {out}")
+    return 0
+
+
+def _report_and_plot(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """--report / --plot: 0, or 2 with one line on stderr for a file that is not a result file or absent
+    matplotlib."""
+    from .plot import PlotError, charts
+
+    paths = (args.report or []) + args.files
+    if not paths:
+        parser.error("--report / --plot need result files")
+    try:
+        by_op = merged_by_op(paths, args.op)
+        if args.report is not None:
+            for op, records in by_op.items():
+                if len(by_op) > 1:
+                    print(f"## {op}\n")
+                print(markdown(records) + ("\n" if len(by_op) > 1 else ""))
+        if args.plot:
+            for path in charts(by_op, args.out_dir):
+                print(f"written {path}")
+    except (ResultFileError, PlotError) as exc:
+        print(f"tilela bench: error: {exc}", file=sys.stderr)
+        return 2
     return 0

@@ -1,0 +1,188 @@
+"""Ahead-of-time compilation of the Hopper kernels: ``tilela precompile`` and ``tilela.warmup``.
+
+A first call of an op on a Hopper GPU compiles its TileLang kernels (tens of seconds each); TileLang keeps them in
+its on-disk cache (TILELANG_CACHE_DIR), so a process that finds them there loads them instead. This module compiles
+them beforehand, on any machine with TileLang and nvcc (no GPU needed: the target is sm_90a):
+
+  - kkt_solve, chunk_local_cumsum, gla_factors, seq_combine: every configuration we ship
+    (kernels.hopper.CUMSUM_CONFIGS, KKT_CONFIGS, GLA_FACTORS_CONFIGS, SEQ_COMBINE_CONFIGS);
+  - the state/output passes of every attention op at K = V in {64, 128, 256}, bf16 and fp16, with the (varlen,
+    initial state, final state) switches the GPU tests and benchmarks use: GDN in both passes (and its
+    half-precision beta), the other ops in the pass that serves them, the warp-specialised pass at every DV block
+    it is built for (plan.dv_blocks) and the sequence split's transitions.
+
+Each `Job` records which public ops call its kernel (an attention op uses the 64-token chunk's cumsum and blocked
+kkt_solve), its q/k dtype and K where it has them, so a serving process compiles only what its ops, dtypes and
+head dims need.
+"""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from typing import Iterable, Iterator, NamedTuple
+
+from .check import ATTENTION_OPS, PRIMITIVES
+
+# short names --ops takes besides the public op names
+ALIASES = {"gdn": "chunk_gated_delta_rule", "kda": "chunk_kda", "delta_rule": "chunk_delta_rule",
+           "linear_attn": "chunk_linear_attn", "simple_gla": "chunk_simple_gla", "gla": "chunk_gla"}
+
+
+class Job(NamedTuple):
+    kind: str  # "cumsum", "kkt", "gla", "combine", "chunk_fwd" or "ws"
+    config: tuple  # the kernel builder's static arguments (compile_one)
+    ops: frozenset[str]  # the public ops that call this kernel
+    dtype: str | None = None  # q/k dtype, where the kernel has one
+    K: int | None = None  # key head dim, where the kernel has a static one
+
+
+class Result(NamedTuple):
+    job: Job
+    seconds: float
+    error: str | None
+
+
+def jobs() -> list[Job]:
+    """Every kernel configuration this module compiles (see the module docstring)."""
+    from .kernels.hopper import CUMSUM_CONFIGS, GLA_FACTORS_CONFIGS, KKT_CONFIGS, SEQ_COMBINE_CONFIGS
+    from .kernels.hopper.plan import CHUNK as TILE
+    from .kernels.hopper.plan import dv_blocks, ws_covers
+
+    op_of = {level: op for op, level in ATTENTION_OPS.items()}
+    gated = frozenset(op for op, (gate, _) in ATTENTION_OPS.items() if gate != "none")
+    out = [Job("cumsum", c, frozenset({"chunk_local_cumsum"}) | (gated if c[0] == TILE else frozenset()))
+           for c in CUMSUM_CONFIGS]
+    out += [Job("kkt", c, frozenset({"kkt_solve"} | ({op_of[c[3], True]} if c[:2] == (TILE, "blocked") else set())),
+                dtype=c[2]) for c in KKT_CONFIGS]
+    out += [Job("gla", c, frozenset({op_of["channel", False]}), dtype=c[1], K=c[0]) for c in GLA_FACTORS_CONFIGS]
+    out += [Job("combine", c, frozenset({op_of[c[2], False]}), K=c[0]) for c in SEQ_COMBINE_CONFIGS]
+    switches = [(True, True, True), (False, False, True), (False, True, True), (True, False, True),
+                (False, False, False), (True, True, False)]
+    for (gate, delta), K, dtype, flags in itertools.product(ATTENTION_OPS.values(), (128, 64, 256),
+                                                            ("bfloat16", "float16"), switches):
+        level = dict(ops=frozenset({op_of[gate, delta]}), dtype=dtype, K=K)
+        for beta_dtype in ("float32", dtype) if gate == "scalar" and delta else ("float32",):
+            if gate == "channel" or K == 256 or (gate, delta) == ("scalar", True):
+                out.append(Job("chunk_fwd", (K, gate, delta, dtype, beta_dtype, flags), **level))
+            if ws_covers(dtype, K, K, gate, delta):
+                out += [Job("ws", (K, K, gate, delta, dtype, beta_dtype, flags, block_DV, True), **level)
+                        for block_DV in dv_blocks(K)]
+                if gate != "channel" and flags == (True, delta, True):  # the state pass alone: the sequence
+                    # split's transitions (value [V | 0] from [0 | I] with the delta rule, V from zero without), the
+                    # state_pass bench's state_only
+                    out += [Job("ws", (K, V, gate, delta, dtype, beta_dtype, flags, block_DV, False), **level)
+                            for V in ((K, 2 * K) if delta else (K,)) for block_DV in dv_blocks(K)]
+    return out
+
+
+def public_op(name: str) -> str:
+    """The public op a --ops name means (a public op name or one of ALIASES)."""
+    known = [*ATTENTION_OPS, *PRIMITIVES]
+    if name in known:
+        return name
+    if name in ALIASES:
+        return ALIASES[name]
+    raise ValueError(f"ops: expected names among {sorted(ALIASES) + known}, got {name!r}")
+
+
+def select(ops: Iterable[str] | None = None, dtypes: Iterable[str] | None = None,
+           head_dims: Iterable[int] | None = None) -> list[Job]:
+    """The jobs() that ops (public names or ALIASES; None: all) call with q/k in one of dtypes ("bfloat16",
+    "float16", or torch dtypes; None: both) at K in head_dims (None: every K)."""
+    every = jobs()
+    wanted = None if ops is None else {public_op(name) for name in ops}
+    dtypes = None if dtypes is None else {str(d).removeprefix("torch.") for d in dtypes}
+    head_dims = None if head_dims is None else set(head_dims)
+    for name, given, known in (("dtypes", dtypes, {j.dtype for j in every}), ("head_dims", head_dims,
+                                                                              {j.K for j in every})):
+        unknown = sorted(given - known) if given is not None else []
+        if unknown:
+            raise ValueError(f"{name}: expected values among {sorted(k for k in known if k is not None)}, "
+                             f"got {unknown}")
+    return [j for j in every if (wanted is None or j.ops & wanted)
+            and (dtypes is None or j.dtype is None or j.dtype in dtypes)
+            and (head_dims is None or j.K is None or j.K in head_dims)]
+
+
+def unavailable() -> str | None:
+    """Why the kernels cannot be compiled here, as one line, or None when TileLang and nvcc are present."""
+    from .info import _tilelang, nvcc_version
+
+    tilelang, error = _tilelang()
+    if tilelang is None:
+        return f"needs TileLang (pip install tilelang==0.1.15), which does not import here: {error}"
+    if nvcc_version() is None:
+        return "needs the CUDA compiler nvcc, which TileLang does not find here: put it on PATH or set CUDA_HOME"
+    return None
+
+
+def compile_one(job: Job) -> Result:
+    """Compile one kernel (kernels.hopper.launch.compiled: into this process's memory and TileLang's disk cache); a
+    failure is returned, not raised."""
+    from .kernels.hopper import launch
+    from .kernels.hopper.plan import PassConfig, loop_tiles
+
+    t = time.perf_counter()
+    try:
+        if job.kind in ("chunk_fwd", "ws"):
+            if job.kind == "chunk_fwd":
+                K, gate, delta, dtype, beta_dtype, flags = job.config
+                V, tiles = K, loop_tiles(K, gate, delta, dtype)
+            else:
+                K, V, gate, delta, dtype, beta_dtype, flags, block_DV, store_output = job.config
+                tiles = (block_DV, store_output)
+            kernel = "loop" if job.kind == "chunk_fwd" else "ws"
+            cfg = PassConfig(kernel, K, V, float(K) ** -0.5, gate, delta, dtype, beta_dtype, *flags, tiles)
+            launch.compiled(launch.STATE_PASSES[kernel], *cfg.args, warp_specialized=True)
+        else:
+            builder = {"kkt": launch.kkt_solve_kernel, "cumsum": launch.chunk_local_cumsum_kernel,
+                       "gla": launch.gla_factors_kernel, "combine": launch.seq_combine_kernel}[job.kind]
+            launch.compiled(builder, *job.config)
+        return Result(job, time.perf_counter() - t, None)
+    except Exception as exc:  # noqa: BLE001 - reported per job: one failing kernel must not stop the others
+        return Result(job, time.perf_counter() - t, f"{type(exc).__name__}: {str(exc)[:300]}")
+
+
+def compile_jobs(todo: list[Job], processes: int = 1) -> Iterator[Result]:
+    """Compile todo, yielding each Result as it finishes: in this process for processes == 1 (the kernels are then
+    in this process's memory too), else in that many fresh worker processes (they fill TileLang's disk cache, which
+    a later first call loads from)."""
+    if processes == 1:
+        yield from map(compile_one, todo)
+        return
+    with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn")) as pool:
+        for future in as_completed([pool.submit(compile_one, job) for job in todo]):
+            yield future.result()
+
+
+def warmup(ops: Iterable[str] | None = None, *, dtypes: Iterable | None = None, head_dims: Iterable[int] | None = None,
+           processes: int = 1, progress: bool | None = None) -> list[Result]:
+    """Compile the Hopper kernels that ops (public op names or "gdn", "kda", ...; None: every op) use with q/k in
+    dtypes (None: bf16 and fp16) at K in head_dims (None: 64, 128, 256), so that their first calls load them
+    instead of compiling. processes: worker processes (1: compile in this process, which then holds the kernels
+    in memory). progress: show a progress line on stderr (None: when stderr is a terminal).
+
+    Raises RuntimeError when TileLang or nvcc is missing, or when a kernel fails to compile (after trying all);
+    returns each kernel's Result otherwise."""
+    from ._progress import Progress
+
+    if not isinstance(processes, int) or processes < 1:
+        raise ValueError(f"processes: expected an int >= 1, got {processes!r}")
+    todo = select(ops, dtypes, head_dims)
+    problem = unavailable()
+    if problem is not None:
+        raise RuntimeError(problem)
+    results = []
+    with Progress("warmup", total=len(todo), enabled=progress) as bar:
+        for result in compile_jobs(todo, processes):
+            results.append(result)
+            bar.update(result.job.kind)
+            bar.advance()
+    failed = [r for r in results if r.error]
+    if failed:
+        raise RuntimeError(f"{len(failed)} of {len(results)} kernels failed to compile, first {failed[0].job.kind} "
+                           f"{failed[0].job.config}: {failed[0].error}")
+    return results
