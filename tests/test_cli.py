@@ -53,8 +53,9 @@ def test_info_names_each_ops_path(capsys):
 
 def test_info_paths_follow_the_library_rule(monkeypatch):
     """The path comes from tilela.ops' own rules through info.hopper_route: a device the ops take to the Hopper
-    kernels gets "Hopper kernels" where _hopper_covers says so, the PyTorch path where it does not."""
+    kernels gets "Hopper kernels" where kernels.hopper.plan.covers says so, the PyTorch path where it does not."""
     from tilela import ops
+    from tilela.kernels.hopper import plan
 
     monkeypatch.setattr(ops, "_hopper", lambda *tensors: object())
     device = {"name": "NVIDIA H200", "capability": (9, 0), "sms": 132}
@@ -62,7 +63,7 @@ def test_info_paths_follow_the_library_rule(monkeypatch):
     assert paths["chunk_gated_delta_rule"] == "Hopper kernels (bf16/fp16, K = V in 64/128/256)"
     assert paths["chunk_kda"] == "PyTorch path on Hopper: chunk_kda is not routed to the kernels yet"
     assert paths["kkt_solve"] == "Hopper kernel"
-    monkeypatch.setattr(ops, "_hopper_covers", lambda dtype, g_kind, needs_beta, dims: dims.K == 64)
+    monkeypatch.setattr(plan, "covers", lambda dtype, K, V, gate, delta: K == 64)
     assert info.op_paths(device, None, torch.device("cpu"))["chunk_linear_attn"] == (
         "PyTorch path on Hopper for bf16 K=128 V=128: the kernels cover bf16/fp16/fp32/fp64, K in 64, "
         "V in 16/32/64/128/192/256/512")
