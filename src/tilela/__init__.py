@@ -1,6 +1,8 @@
 """tilela: chunkwise linear-attention kernels (GDN, KDA and the linear-attention ladder) in
 TileLang for NVIDIA Hopper, a PyTorch path that runs anywhere, and a float64 reference stack."""
 
+from importlib import metadata as _metadata
+
 from .ops import (
     chunk_delta_rule,
     chunk_gated_delta_rule,
@@ -13,7 +15,10 @@ from .ops import (
 )
 from .precompile import warmup
 
-__version__ = "0.1.0"
+try:  # the installed distribution's version; "0+unknown" only for a source tree that is not installed
+    __version__ = _metadata.version("tilela")
+except _metadata.PackageNotFoundError:
+    __version__ = "0+unknown"
 
 __all__ = [
     "chunk_gated_delta_rule",
