@@ -51,8 +51,11 @@ Vd rows (or K rows, where the state reads V directly) are zeroed and output rows
 """
 
 import math
+from dataclasses import dataclass
+from types import SimpleNamespace
 
 import tilelang.language as T
+from tvm.script.ir_builder import IRBuilder
 
 from .. import TILE as CHUNK
 from .. import exp_e, state_pass_contract
@@ -69,6 +72,112 @@ LOAD_REGS = 56
 SHARED_BYTES = 226 * 1024  # of the 227 KiB a CTA may take, 1 KiB left for barriers and alignment
 STATE_BARRIER = 1  # named barrier of the state group (bar.sync 0 is the CTA's)
 GATE_AHEAD = 3  # chunks whose gate loads (gc, beta, D) the gate warp keeps in flight
+
+
+@dataclass(frozen=True)
+class Shared:
+    """One shared-memory buffer of the pass: its name in the kernel, its shape (an input buffer's shape leads with
+    the input slots) and whether it holds fp32 (the accumulator type) rather than the inputs' 16-bit dtype."""
+
+    name: str
+    shape: tuple[int, ...]
+    fp32: bool = False
+
+    @property
+    def bytes(self) -> int:
+        return math.prod(self.shape) * (4 if self.fp32 else 2)
+
+
+@dataclass(frozen=True)
+class WsConfig:
+    """Everything the pass's builder decides from the static sizes, gate kind, update rule, DV block and output
+    switch, derived once (derive) and read by the builder and the shared-memory accounting alike."""
+
+    K: int
+    V: int
+    gate: str
+    delta: bool
+    block_DV: int
+    store_output: bool
+    NV: int
+    """DV blocks, the grid's first dimension: V // block_DV."""
+    scalar: bool
+    """A scalar gate per row (gc, exp(gc) and the state's decay exp(gc_last))."""
+    channel: bool
+    """A per-key-channel gate: the factors of gla_factors.py in the q, k and A slots, D = exp(gc_last) per channel."""
+    two_output_groups: bool
+    """The plain update with output: the value group has no products, so it takes the output of the even chunks and
+    the output group that of the odd ones ("pingpong"). Each stages its own P; S_s slot c % 2 has one reader."""
+    kv_from_inputs: bool
+    """The plain update without a scalar gate: Vd = V, so the state group adds K^T V straight from the input slots
+    ("direct"; the last chunk's K rows past the sequence end zeroed first); no Vd_s, nobody writes Vd."""
+    vd_writers: bool
+    """Two idle load warps write Vd = exp(gc_last - gc) V for the state group (two output groups and a Vd_s)."""
+    value_works: bool
+    """The value group computes a chunk's Vd (with the delta rule also R, Vnew and Vnew_s); else it is an output
+    group (two_output_groups) or idles (the state pass alone with K^T V from the input slots)."""
+    gate_warp: bool
+    """The gate warp runs: its rows (gc, beta, D, or only the rows' end mask of Vd) are part of every chunk."""
+    consumer_threads: int
+    """Threads that read a chunk's input slots, the arrivals on its "consumed": the state group, the chunk's output
+    group, a working value group and the Vd writers."""
+    S_readers: int
+    """Warp groups that read S_s of a chunk (the value group with the delta rule, the chunk's output group); 0: no
+    S_s."""
+    Vn_shared: bool
+    """Vnew_s exists: the delta rule's Vnew, which only the output group reads."""
+    Vn_slots: int
+    """Vnew_s slots: two up to block_DV = 64, one above (shared memory)."""
+    Vd_slots: int
+    """Vd_s slots (vd_slots)."""
+    stages: int
+    """Input slots: as many as shared memory holds beside the fixed buffers, 2 to 4 (3 with the delta rule)."""
+    shared: tuple[Shared, ...]
+    """Every shared buffer the builder allocates, in allocation order: the input slots' buffers, then the fixed ones."""
+
+    @classmethod
+    def derive(cls, K: int, V: int, gate: str, delta: bool, block_DV: int, store_output: bool) -> "WsConfig":
+        if gate not in GATES:
+            raise ValueError(f"gate: one of {GATES}, got {gate!r}")
+        scalar, channel = gate == "scalar", gate == "channel"
+        if channel and delta:
+            raise ValueError("gate: the per-channel gate takes the plain update here (KDA runs on chunk_fwd.py)")
+        C = CHUNK
+        two_output_groups = store_output and not delta
+        kv_from_inputs = direct_v(gate, delta)
+        vd_writers = two_output_groups and not kv_from_inputs
+        value_works = not two_output_groups and not kv_from_inputs
+        S_readers = 1 if two_output_groups else int(delta) + int(store_output)
+        Vn_shared = delta and store_output
+        Vn_slots = 2 if block_DV <= 64 else 1
+        Vd_slots = vd_slots(delta)
+        slot = [buffer for buffer, used in (  # one input slot of each: q, k, v, gc, exp(gc), ed, A or P, beta, D
+            (Shared("q_s", (C, K)), store_output),
+            (Shared("k_s", (C, K)), True),
+            (Shared("v_s", (C, block_DV)), True),  # V, overwritten by R in the delta rule
+            (Shared("g_s", (C,), fp32=True), scalar),  # gc
+            (Shared("eg_s", (C,), fp32=True), scalar),  # exp(gc)
+            (Shared("ed_s", (C,), fp32=True), not kv_from_inputs),  # exp(gc_last - gc), 0 past the sequence end
+            (Shared("A_s", (C, C)), delta or (channel and store_output)),  # A (delta rule) or P (per-channel gate)
+            (Shared("beta_s", (C,), fp32=True), delta),
+            (Shared("d_s", (K,), fp32=True), channel),  # D = exp(gc_last) per key channel
+        ) if used]
+        fixed = [buffer for buffer, used in (
+            (Shared("Vn_s", (Vn_slots, C, block_DV)), Vn_shared),
+            (Shared("S_s", (2, K, block_DV)), S_readers > 0),
+            (Shared("Vd_s", (Vd_slots, C, block_DV)), not kv_from_inputs),
+            (Shared("P_s", (2, C, C) if two_output_groups else (C, C)), store_output and not channel),
+        ) if used]
+        free = SHARED_BYTES - sum(b.bytes for b in fixed)
+        stages = max(2, min(3 if delta else 4, free // sum(b.bytes for b in slot)))
+        return cls(
+            K=K, V=V, gate=gate, delta=delta, block_DV=block_DV, store_output=store_output, NV=V // block_DV,
+            scalar=scalar, channel=channel, two_output_groups=two_output_groups, kv_from_inputs=kv_from_inputs,
+            vd_writers=vd_writers, value_works=value_works, gate_warp=gate != "none" or delta,
+            consumer_threads=GROUP * (1 + int(store_output) + int(value_works)) + 64 * int(vd_writers),
+            S_readers=S_readers, Vn_shared=Vn_shared, Vn_slots=Vn_slots, Vd_slots=Vd_slots, stages=stages,
+            shared=tuple(Shared(b.name, (stages, *b.shape), b.fp32) for b in slot) + tuple(fixed),
+        )
 
 
 def chunk_fwd_ws_kernel(
@@ -91,28 +200,20 @@ def chunk_fwd_ws_kernel(
     Grid: (V // block_DV, N sequences, HV), 512 threads.  Inputs absent for a configuration (g without a gate; beta
     and A for the plain update) are one-element placeholders.  store_output=False drops the output group (its
     warps idle, o is not written): the state pass alone, as the sequence split's transitions need it."""
+    cfg = WsConfig.derive(K, V, gate, delta, block_DV, store_output)
     C = CHUNK
-    NV = V // block_DV
+    NV = cfg.NV
     accum = "float32"
-    scalar, channel = gate == "scalar", gate == "channel"
-    if channel and delta:
-        raise ValueError("gate: the per-channel gate takes the plain update here (KDA runs on chunk_fwd.py)")
-    Vn_slots = 2 if block_DV <= 64 else 1
-    Vd_slots = vd_slots(delta)
-    # plain update with output: the value group has no products, so it takes the even chunks' output (the output
-    # group the odd ones) and two idle load warps scale V into Vd
-    pingpong = store_output and not delta
-    # plain update without a scalar gate: Vd = V, so the state group adds K^T V from the input slots (the last
-    # chunk's rows past the sequence end zeroed in K) and nobody writes Vd_s
-    direct = direct_v(gate, delta)
-    value_works = not pingpong and not direct  # the value group's products (delta rule) or Vd (state pass alone)
-    # threads that read a chunk's input slots: the state group, the chunk's output group, the value group, and
-    # under the plain update with output the two Vd-writing load warps
-    consumer_threads = GROUP * (1 + int(store_output) + int(value_works)) + (64 if pingpong and not direct else 0)
-    row_inputs = gate != "none" or delta  # the gate warp's loads (gc, D, beta, or the rows' end mask for Vd)
-    S_readers = 1 if pingpong else int(delta) + int(store_output)  # warp groups that read S_s of a chunk
-    Vn_shared = delta and store_output  # Vnew_s only feeds the output
-    stages = input_stages(K, block_DV, gate, delta, store_output)
+    scalar, channel = cfg.scalar, cfg.channel
+    Vn_slots, Vd_slots = cfg.Vn_slots, cfg.Vd_slots
+    pingpong = cfg.two_output_groups
+    direct = cfg.kv_from_inputs
+    value_works = cfg.value_works
+    consumer_threads = cfg.consumer_threads
+    row_inputs = cfg.gate_warp
+    S_readers = cfg.S_readers
+    Vn_shared = cfg.Vn_shared
+    stages = cfg.stages
     sig = state_pass_contract(K, V, gate, delta, dtype, beta_dtype, scores=channel)
     B, Tn, H, HV, NS1 = sig.B, sig.Tn, sig.H, sig.HV, sig.NS1
 
@@ -179,30 +280,11 @@ def chunk_fwd_ws_kernel(
             hq = bh // (HV // H)
             v0 = bv * block_DV
 
-            q_s = T.alloc_shared([stages, C, K], dtype)
-            k_s = T.alloc_shared([stages, C, K], dtype)
-            v_s = T.alloc_shared([stages, C, block_DV], dtype)  # V, overwritten by R in the delta rule
-            g_s = eg_s = ed_s = None
-            if scalar:
-                g_s = T.alloc_shared([stages, C], accum)  # gc
-                eg_s = T.alloc_shared([stages, C], accum)  # exp(gc)
-            if not direct:
-                ed_s = T.alloc_shared([stages, C], accum)  # exp(gc_last - gc), 0 past the sequence end
-            A_s = None
-            if delta or (channel and store_output):
-                A_s = T.alloc_shared([stages, C, C], dtype)  # A (delta rule) or P (per-channel gate)
-            if delta:
-                beta_s = T.alloc_shared([stages, C], accum)
-            if channel:
-                d_s = T.alloc_shared([stages, K], accum)  # D = exp(gc_last) per key channel
-            Vn_s = Vn_ready = Vn_read = P_s = P_f = None
-            if Vn_shared:
-                Vn_s = T.alloc_shared([Vn_slots, C, block_DV], dtype)
-            S_s = T.alloc_shared([2, K, block_DV], dtype)
-            if not direct:
-                Vd_s = T.alloc_shared([Vd_slots, C, block_DV], dtype)
-            if not channel:
-                P_s = T.alloc_shared([2, C, C] if pingpong else [C, C], dtype)
+            smem = allocate_shared(cfg, dtype)
+            q_s, k_s, v_s, g_s, eg_s, ed_s, A_s, beta_s, d_s, Vn_s, S_s, Vd_s, P_s = (
+                getattr(smem, name, None) for name in ("q_s", "k_s", "v_s", "g_s", "eg_s", "ed_s", "A_s", "beta_s",
+                                                       "d_s", "Vn_s", "S_s", "Vd_s", "P_s"))
+            Vn_ready = Vn_read = P_f = None
 
             S_f = T.alloc_fragment([K, block_DV], accum)
             if delta:
@@ -407,22 +489,17 @@ def chunk_fwd_ws_kernel(
 
 def input_stages(K, block_DV, gate, delta, store_output):
     """Input slots (q, k, v, A or P, gc, beta, exp(gc_last) per chunk): as many as shared memory holds beside the
-    fixed buffers (S_s, Vd_s, Vnew_s, P_s), 2 to 4 (3 with the delta rule, whose chunk periods were measured there).
-    Three let the loads of chunk c + 2 overlap chunk c + 1 even when the output group lags a chunk behind; four
-    keep more bytes in flight per SM."""
-    direct = direct_v(gate, delta)
-    per_stage = 2 * CHUNK * (K * (1 + int(store_output)) + block_DV)  # q, k, v
-    per_stage += 4 * CHUNK * (2 * int(gate == "scalar") + int(not direct) + int(delta))  # gc, exp(gc); ed; beta
-    if delta or (gate == "channel" and store_output):
-        per_stage += 2 * CHUNK * CHUNK  # A or P
-    if gate == "channel":
-        per_stage += 4 * K  # D
-    fixed = 2 * 2 * K * block_DV * int(delta or store_output)  # S_s
-    fixed += 0 if direct else 2 * vd_slots(delta) * CHUNK * block_DV  # Vd_s
-    fixed += 2 * CHUNK * block_DV * (2 if block_DV <= 64 else 1) * int(delta and store_output)  # Vnew_s
-    fixed += 2 * CHUNK * CHUNK * (0 if gate == "channel" or not store_output else 1 if delta else 2)  # P_s
-    return max(2, min(3 if delta else 4, (SHARED_BYTES - fixed) // per_stage))
+    fixed buffers (S_s, Vd_s, Vnew_s, P_s), 2 to 4 (3 with the delta rule). Three let the loads of chunk c + 2
+    overlap chunk c + 1 even when the output group lags a chunk behind; four keep more bytes in flight per SM."""
+    return WsConfig.derive(K, block_DV, gate, delta, block_DV, store_output).stages
 
+
+def allocate_shared(cfg: WsConfig, dtype: str) -> SimpleNamespace:
+    """Allocate cfg.shared in its order, each buffer under its name (in dtype, or fp32); their namespace."""
+    return SimpleNamespace(**{
+        buffer.name: IRBuilder.name(buffer.name, T.alloc_shared(buffer.shape, "float32" if buffer.fp32 else dtype))
+        for buffer in cfg.shared
+    })
 
 def direct_v(gate, delta):
     """Whether the state group adds K^T V straight from the input slots (the plain update without a scalar gate:
