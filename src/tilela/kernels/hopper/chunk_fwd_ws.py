@@ -89,6 +89,31 @@ class Shared:
 
 
 @dataclass(frozen=True)
+class Ring:
+    """A hand-over through a buffer of `slots` slots, chunk c in slot c % slots, with one mbarrier pair per slot:
+    `ready` completes when the slot holds chunk c (`writers` arrivals), `free` when its readers are done with it
+    (`readers` arrivals). Pure Python: its methods build the TIR expressions of a chunk index c."""
+
+    ready: str
+    free: str
+    slots: int
+    writers: int
+    readers: int
+
+    def slot(self, c):
+        return c % self.slots
+
+    def ready_parity(self, c):
+        """The parity a reader of chunk c waits for on `ready`: the slot's (c // slots)-th fill."""
+        return (c // self.slots) % 2
+
+    def free_parity(self, c):
+        """The parity the writer of chunk c waits for on `free`: the readers' release of chunk c - slots. A fresh
+        barrier passes it, so the first `slots` chunks do not wait."""
+        return (c // self.slots + 1) % 2
+
+
+@dataclass(frozen=True)
 class WsConfig:
     """Everything the pass's builder decides from the static sizes, gate kind, update rule, DV block and output
     switch, derived once (derive) and read by the builder and the shared-memory accounting alike."""
@@ -118,22 +143,31 @@ class WsConfig:
     group (two_output_groups) or idles (the state pass alone with K^T V from the input slots)."""
     gate_warp: bool
     """The gate warp runs: its rows (gc, beta, D, or only the rows' end mask of Vd) are part of every chunk."""
-    consumer_threads: int
-    """Threads that read a chunk's input slots, the arrivals on its "consumed": the state group, the chunk's output
-    group, a working value group and the Vd writers."""
-    S_readers: int
-    """Warp groups that read S_s of a chunk (the value group with the delta rule, the chunk's output group); 0: no
-    S_s."""
-    Vn_shared: bool
-    """Vnew_s exists: the delta rule's Vnew, which only the output group reads."""
-    Vn_slots: int
-    """Vnew_s slots: two up to block_DV = 64, one above (shared memory)."""
-    Vd_slots: int
-    """Vd_s slots (vd_slots)."""
-    stages: int
-    """Input slots: as many as shared memory holds beside the fixed buffers, 2 to 4 (3 with the delta rule)."""
+    inputs: Ring
+    """loaded / consumed: q, k, v, A or P, gc, beta, D from the load group to every group that reads them. Slots:
+    as many as shared memory holds beside the fixed buffers, 2 to 4 (3 with the delta rule). Writers: the TMA warp
+    and the gate warp. Readers: the state group, the chunk's output group, a working value group, the Vd writers."""
+    S_ring: Ring | None
+    """S_ready / S_read: S_s from the state group to the value group (delta rule) and the chunk's output group, two
+    slots (the state never waits for Q S of the chunk it just left). None: S_s has no readers."""
+    Vd_ring: Ring | None
+    """Vd_ready / Vd_read: Vd_s to the state group from the value group or the two Vd writers (vd_slots). None:
+    K^T V from the input slots."""
+    Vn_ring: Ring | None
+    """Vn_ready / Vn_read: Vnew_s from the value group to the output group (delta rule with output); two slots up
+    to block_DV = 64, one above (shared memory). None: no Vnew_s."""
     shared: tuple[Shared, ...]
     """Every shared buffer the builder allocates, in allocation order: the input slots' buffers, then the fixed ones."""
+
+    @property
+    def stages(self) -> int:
+        """Input slots."""
+        return self.inputs.slots
+
+    @property
+    def rings(self) -> tuple[Ring, ...]:
+        """The hand-overs that exist, in the order their barriers are allocated."""
+        return tuple(ring for ring in (self.inputs, self.S_ring, self.Vd_ring, self.Vn_ring) if ring is not None)
 
     @classmethod
     def derive(cls, K: int, V: int, gate: str, delta: bool, block_DV: int, store_output: bool) -> "WsConfig":
@@ -147,10 +181,12 @@ class WsConfig:
         kv_from_inputs = direct_v(gate, delta)
         vd_writers = two_output_groups and not kv_from_inputs
         value_works = not two_output_groups and not kv_from_inputs
-        S_readers = 1 if two_output_groups else int(delta) + int(store_output)
-        Vn_shared = delta and store_output
-        Vn_slots = 2 if block_DV <= 64 else 1
-        Vd_slots = vd_slots(delta)
+        gate_warp = gate != "none" or delta
+        S_readers = 1 if two_output_groups else int(delta) + int(store_output)  # warp groups reading S_s
+        Vd_slots, Vn_slots = vd_slots(delta), 2 if block_DV <= 64 else 1
+        S_ring = Ring("S_ready", "S_read", 2, GROUP, S_readers * GROUP) if S_readers else None
+        Vd_ring = None if kv_from_inputs else Ring("Vd_ready", "Vd_read", Vd_slots, 64 if vd_writers else GROUP, GROUP)
+        Vn_ring = Ring("Vn_ready", "Vn_read", Vn_slots, GROUP, GROUP) if delta and store_output else None
         slot = [buffer for buffer, used in (  # one input slot of each: q, k, v, gc, exp(gc), ed, A or P, beta, D
             (Shared("q_s", (C, K)), store_output),
             (Shared("k_s", (C, K)), True),
@@ -163,9 +199,9 @@ class WsConfig:
             (Shared("d_s", (K,), fp32=True), channel),  # D = exp(gc_last) per key channel
         ) if used]
         fixed = [buffer for buffer, used in (
-            (Shared("Vn_s", (Vn_slots, C, block_DV)), Vn_shared),
-            (Shared("S_s", (2, K, block_DV)), S_readers > 0),
-            (Shared("Vd_s", (Vd_slots, C, block_DV)), not kv_from_inputs),
+            (Shared("Vn_s", (Vn_slots, C, block_DV)), Vn_ring is not None),
+            (Shared("S_s", (2, K, block_DV)), S_ring is not None),
+            (Shared("Vd_s", (Vd_slots, C, block_DV)), Vd_ring is not None),
             (Shared("P_s", (2, C, C) if two_output_groups else (C, C)), store_output and not channel),
         ) if used]
         free = SHARED_BYTES - sum(b.bytes for b in fixed)
@@ -173,9 +209,10 @@ class WsConfig:
         return cls(
             K=K, V=V, gate=gate, delta=delta, block_DV=block_DV, store_output=store_output, NV=V // block_DV,
             scalar=scalar, channel=channel, two_output_groups=two_output_groups, kv_from_inputs=kv_from_inputs,
-            vd_writers=vd_writers, value_works=value_works, gate_warp=gate != "none" or delta,
-            consumer_threads=GROUP * (1 + int(store_output) + int(value_works)) + 64 * int(vd_writers),
-            S_readers=S_readers, Vn_shared=Vn_shared, Vn_slots=Vn_slots, Vd_slots=Vd_slots, stages=stages,
+            vd_writers=vd_writers, value_works=value_works, gate_warp=gate_warp,
+            inputs=Ring("loaded", "consumed", stages, 64 if gate_warp else 32,
+                        GROUP * (1 + int(store_output) + int(value_works)) + 64 * int(vd_writers)),
+            S_ring=S_ring, Vd_ring=Vd_ring, Vn_ring=Vn_ring,
             shared=tuple(Shared(b.name, (stages, *b.shape), b.fp32) for b in slot) + tuple(fixed),
         )
 
@@ -205,15 +242,11 @@ def chunk_fwd_ws_kernel(
     NV = cfg.NV
     accum = "float32"
     scalar, channel = cfg.scalar, cfg.channel
-    Vn_slots, Vd_slots = cfg.Vn_slots, cfg.Vd_slots
+    inputs, S_ring, Vd_ring, Vn_ring = cfg.inputs, cfg.S_ring, cfg.Vd_ring, cfg.Vn_ring
     pingpong = cfg.two_output_groups
     direct = cfg.kv_from_inputs
     value_works = cfg.value_works
-    consumer_threads = cfg.consumer_threads
     row_inputs = cfg.gate_warp
-    S_readers = cfg.S_readers
-    Vn_shared = cfg.Vn_shared
-    stages = cfg.stages
     sig = state_pass_contract(K, V, gate, delta, dtype, beta_dtype, scores=channel)
     B, Tn, H, HV, NS1 = sig.B, sig.Tn, sig.H, sig.HV, sig.NS1
 
@@ -222,9 +255,9 @@ def chunk_fwd_ws_kernel(
                      Vn_ready, Vn_read, o, bb, bh, v0, t_start, t_end):
         """Chunk c's output by one warp group: P = Q K^T (before S is ready; loaded under the per-channel gate),
         O = scale (Q S) (exp(gc) rows) + P Vnew, stored; P_s its P staging, P_f and O_f its fragments."""
-        s, slot = c % 2, c % stages
+        s, slot = S_ring.slot(c), inputs.slot(c)
         t0 = t_start + c * C
-        T.barrier_wait(loaded[slot], (c // stages) % 2)
+        T.barrier_wait(loaded[slot], inputs.ready_parity(c))
         if not channel:
             T.gemm(q_s[slot, :, :], k_s[slot, :, :], P_f, transpose_B=True, clear_accum=True)
             for i, j in T.Parallel(C, C):
@@ -236,7 +269,7 @@ def chunk_fwd_ws_kernel(
                     P_f[i, j] = T.if_then_else(j <= i, P_f[i, j] * scale, 0)
             T.copy(P_f, P_s)
             T.fence_proxy_async()
-        T.barrier_wait(S_ready[s], (c // 2) % 2)
+        T.barrier_wait(S_ready[s], S_ring.ready_parity(c))
         T.gemm(q_s[slot, :, :], S_s[s, :, :], O_f, clear_accum=True)
         T.barrier_arrive(S_read[s])
         for i, j in T.Parallel(C, block_DV):
@@ -245,8 +278,8 @@ def chunk_fwd_ws_kernel(
             else:
                 O_f[i, j] = O_f[i, j] * scale
         if delta:
-            n = c % Vn_slots
-            T.barrier_wait(Vn_ready[n], (c // Vn_slots) % 2)
+            n = Vn_ring.slot(c)
+            T.barrier_wait(Vn_ready[n], Vn_ring.ready_parity(c))
             T.gemm(P_s, Vn_s[n, :, :], O_f)
             T.barrier_arrive(Vn_read[n])
         else:
@@ -284,7 +317,10 @@ def chunk_fwd_ws_kernel(
             q_s, k_s, v_s, g_s, eg_s, ed_s, A_s, beta_s, d_s, Vn_s, S_s, Vd_s, P_s = (
                 getattr(smem, name, None) for name in ("q_s", "k_s", "v_s", "g_s", "eg_s", "ed_s", "A_s", "beta_s",
                                                        "d_s", "Vn_s", "S_s", "Vd_s", "P_s"))
-            Vn_ready = Vn_read = P_f = None
+            loaded, consumed, S_ready, S_read, Vd_ready, Vd_read, Vn_ready, Vn_read = (
+                getattr(smem, name, None) for name in ("loaded", "consumed", "S_ready", "S_read", "Vd_ready",
+                                                       "Vd_read", "Vn_ready", "Vn_read"))
+            P_f = None
 
             S_f = T.alloc_fragment([K, block_DV], accum)
             if delta:
@@ -297,18 +333,6 @@ def chunk_fwd_ws_kernel(
             if pingpong:  # the even-chunk output group's own fragments
                 O2_f = T.alloc_fragment([C, block_DV], accum)
                 P2_f = None if channel else T.alloc_fragment([C, C], accum)
-
-            loaded = T.alloc_barrier([64 if row_inputs else 32] * stages)  # the TMA warp (and the gate warp)
-            consumed = T.alloc_barrier([consumer_threads] * stages)
-            if S_readers:
-                S_ready = T.alloc_barrier([GROUP, GROUP])
-                S_read = T.alloc_barrier([S_readers * GROUP] * 2)
-            if not direct:
-                Vd_ready = T.alloc_barrier([64 if pingpong else GROUP] * Vd_slots)
-                Vd_read = T.alloc_barrier([GROUP] * Vd_slots)
-            if Vn_shared:
-                Vn_ready = T.alloc_barrier([GROUP] * Vn_slots)
-                Vn_read = T.alloc_barrier([GROUP] * Vn_slots)
 
             bb = T.alloc_var("int32")
             t_start = T.alloc_var("int32")
@@ -339,10 +363,11 @@ def chunk_fwd_ws_kernel(
                 else:
                     T.clear(S_f)
                 for c in T.serial(n_chunks):
-                    s, slot = c % 2, c % stages
-                    T.barrier_wait(loaded[slot], (c // stages) % 2)
-                    if S_readers:
-                        T.barrier_wait(S_read[s], (c // 2 + 1) % 2)
+                    slot = inputs.slot(c)
+                    T.barrier_wait(loaded[slot], inputs.ready_parity(c))
+                    if S_ring is not None:
+                        s = S_ring.slot(c)
+                        T.barrier_wait(S_read[s], S_ring.free_parity(c))
                         T.copy(S_f, S_s[s, :, :])
                         T.fence_proxy_async()
                         T.barrier_arrive(S_ready[s])
@@ -363,9 +388,9 @@ def chunk_fwd_ws_kernel(
                             T.sync_threads(STATE_BARRIER, GROUP)
                         T.gemm(k_s[slot, :, :], v_s[slot, :, :], S_f, transpose_A=True)
                     else:
-                        T.barrier_wait(Vd_ready[c % Vd_slots], (c // Vd_slots) % 2)
-                        T.gemm(k_s[slot, :, :], Vd_s[c % Vd_slots, :, :], S_f, transpose_A=True)
-                        T.barrier_arrive(Vd_read[c % Vd_slots])
+                        T.barrier_wait(Vd_ready[Vd_ring.slot(c)], Vd_ring.ready_parity(c))
+                        T.gemm(k_s[slot, :, :], Vd_s[Vd_ring.slot(c), :, :], S_f, transpose_A=True)
+                        T.barrier_arrive(Vd_read[Vd_ring.slot(c)])
                     T.barrier_arrive(consumed[slot])
                 if store_final_state:
                     T.copy(S_f, ht[bn, bh, 0:K, v0 : v0 + block_DV])
@@ -382,10 +407,11 @@ def chunk_fwd_ws_kernel(
                                      v0, t_start, t_end)
                 elif value_works:
                     for c in T.serial(n_chunks):
-                        s, slot = c % 2, c % stages
-                        T.barrier_wait(loaded[slot], (c // stages) % 2)
+                        slot = inputs.slot(c)
+                        T.barrier_wait(loaded[slot], inputs.ready_parity(c))
                         if delta:
-                            T.barrier_wait(S_ready[s], (c // 2) % 2)
+                            s = S_ring.slot(c)
+                            T.barrier_wait(S_ready[s], S_ring.ready_parity(c))
                             T.gemm(k_s[slot, :, :], S_s[s, :, :], KS_f, clear_accum=True)
                             T.barrier_arrive(S_read[s])
                             for i, j in T.Parallel(C, block_DV):
@@ -397,14 +423,14 @@ def chunk_fwd_ws_kernel(
                             T.fence_proxy_async()
                             T.gemm(A_s[slot, :, :], v_s[slot, :, :], Vn_f, clear_accum=True)
                         # Vd first: it is on the recurrence's critical path, Vnew_s for the output group is not
-                        T.barrier_wait(Vd_read[c % Vd_slots], (c // Vd_slots + 1) % 2)
+                        T.barrier_wait(Vd_read[Vd_ring.slot(c)], Vd_ring.free_parity(c))
                         for i, j in T.Parallel(C, block_DV):
-                            Vd_s[c % Vd_slots, i, j] = ed_s[slot, i] * (Vn_f[i, j] if delta else v_s[slot, i, j])
+                            Vd_s[Vd_ring.slot(c), i, j] = ed_s[slot, i] * (Vn_f[i, j] if delta else v_s[slot, i, j])
                         T.fence_proxy_async()
-                        T.barrier_arrive(Vd_ready[c % Vd_slots])
-                        if Vn_shared:
-                            n = c % Vn_slots
-                            T.barrier_wait(Vn_read[n], (c // Vn_slots + 1) % 2)
+                        T.barrier_arrive(Vd_ready[Vd_ring.slot(c)])
+                        if Vn_ring is not None:
+                            n = Vn_ring.slot(c)
+                            T.barrier_wait(Vn_read[n], Vn_ring.free_parity(c))
                             T.copy(Vn_f, Vn_s[n, :, :])
                             T.fence_proxy_async()
                             T.barrier_arrive(Vn_ready[n])
@@ -429,9 +455,9 @@ def chunk_fwd_ws_kernel(
                 T.set_max_nreg(LOAD_REGS, 0)
                 if tx < 3 * GROUP + 32:
                     for c in T.serial(n_chunks):
-                        slot = c % stages
+                        slot = inputs.slot(c)
                         t0 = t_start + c * C
-                        T.barrier_wait(consumed[slot], (c // stages + 1) % 2)
+                        T.barrier_wait(consumed[slot], inputs.free_parity(c))
                         if store_output:
                             T.tma_copy(q[bb, t0 : t0 + C, hq, :], q_s[slot, :, :], barrier=loaded[slot])
                         T.tma_copy(k[bb, t0 : t0 + C, hq, :], k_s[slot, :, :], barrier=loaded[slot])
@@ -454,9 +480,9 @@ def chunk_fwd_ws_kernel(
                         for u in T.unroll(GATE_AHEAD):
                             c = cc * GATE_AHEAD + u
                             if c < n_chunks:
-                                slot = c % stages
+                                slot = inputs.slot(c)
                                 t0 = t_start + c * C
-                                T.barrier_wait(consumed[slot], (c // stages + 1) % 2)
+                                T.barrier_wait(consumed[slot], inputs.free_parity(c))
                                 for r in T.unroll(C // 32):
                                     i = lane + 32 * r
                                     if scalar:
@@ -475,13 +501,13 @@ def chunk_fwd_ws_kernel(
                                                 t_start, t_end, tile0, n_chunks)
                 elif pingpong and not direct:  # Vd = exp(gc_last - gc) V (rows past the end zeroed) for the state group
                     for c in T.serial(n_chunks):
-                        slot = c % stages
-                        T.barrier_wait(loaded[slot], (c // stages) % 2)
-                        T.barrier_wait(Vd_read[c % Vd_slots], (c // Vd_slots + 1) % 2)
+                        slot = inputs.slot(c)
+                        T.barrier_wait(loaded[slot], inputs.ready_parity(c))
+                        T.barrier_wait(Vd_read[Vd_ring.slot(c)], Vd_ring.free_parity(c))
                         for i, j in T.Parallel(C, block_DV):
-                            Vd_s[c % Vd_slots, i, j] = ed_s[slot, i] * v_s[slot, i, j]
+                            Vd_s[Vd_ring.slot(c), i, j] = ed_s[slot, i] * v_s[slot, i, j]
                         T.fence_proxy_async()
-                        T.barrier_arrive(Vd_ready[c % Vd_slots])
+                        T.barrier_arrive(Vd_ready[Vd_ring.slot(c)])
                         T.barrier_arrive(consumed[slot])
 
     return chunk_fwd_ws
@@ -495,11 +521,14 @@ def input_stages(K, block_DV, gate, delta, store_output):
 
 
 def allocate_shared(cfg: WsConfig, dtype: str) -> SimpleNamespace:
-    """Allocate cfg.shared in its order, each buffer under its name (in dtype, or fp32); their namespace."""
-    return SimpleNamespace(**{
-        buffer.name: IRBuilder.name(buffer.name, T.alloc_shared(buffer.shape, "float32" if buffer.fp32 else dtype))
-        for buffer in cfg.shared
-    })
+    """Allocate cfg.shared in its order, each buffer under its name (in dtype, or fp32), then the rings' barriers;
+    their namespace."""
+    smem = {buffer.name: IRBuilder.name(buffer.name, T.alloc_shared(buffer.shape, "float32" if buffer.fp32 else dtype))
+            for buffer in cfg.shared}
+    for ring in cfg.rings:
+        smem[ring.ready] = IRBuilder.name(ring.ready, T.alloc_barrier([ring.writers] * ring.slots))
+        smem[ring.free] = IRBuilder.name(ring.free, T.alloc_barrier([ring.readers] * ring.slots))
+    return SimpleNamespace(**smem)
 
 def direct_v(gate, delta):
     """Whether the state group adds K^T V straight from the input slots (the plain update without a scalar gate:
