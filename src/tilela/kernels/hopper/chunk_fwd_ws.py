@@ -238,101 +238,246 @@ def chunk_fwd_ws_kernel(
     and A for the plain update) are one-element placeholders.  store_output=False drops the output group (its
     warps idle, o is not written): the state pass alone, as the sequence split's transitions need it."""
     cfg = WsConfig.derive(K, V, gate, delta, block_DV, store_output)
-    C = CHUNK
-    NV = cfg.NV
-    accum = "float32"
+    C, accum = CHUNK, "float32"
     scalar, channel = cfg.scalar, cfg.channel
     inputs, S_ring, Vd_ring, Vn_ring = cfg.inputs, cfg.S_ring, cfg.Vd_ring, cfg.Vn_ring
-    pingpong = cfg.two_output_groups
-    direct = cfg.kv_from_inputs
-    value_works = cfg.value_works
-    row_inputs = cfg.gate_warp
     sig = state_pass_contract(K, V, gate, delta, dtype, beta_dtype, scores=channel)
     B, Tn, H, HV, NS1 = sig.B, sig.Tn, sig.H, sig.HV, sig.NS1
 
+    # The warp groups. smem: the shared buffers and barriers (allocate_shared); cta: this CTA's coordinates (bb,
+    # bn, bh, hq, v0, t_start, t_end, tile0, n_chunks); the fragments and global tensors each group uses.
+
     @T.macro
-    def output_chunk(c, P_s, P_f, O_f, q_s, k_s, v_s, g_s, eg_s, A_s, S_s, Vn_s, loaded, consumed, S_ready, S_read,
-                     Vn_ready, Vn_read, o, bb, bh, v0, t_start, t_end):
-        """Chunk c's output by one warp group: P = Q K^T (before S is ready; loaded under the per-channel gate),
-        O = scale (Q S) (exp(gc) rows) + P Vnew, stored; P_s its P staging, P_f and O_f its fragments."""
+    def publish(smem, ring, c, frag, buffer):
+        """Hand chunk c's fragment to the ring's readers: wait until its slot of buffer is free, copy, mark it
+        ready."""
+        n = ring.slot(c)
+        T.barrier_wait(getattr(smem, ring.free)[n], ring.free_parity(c))
+        T.copy(frag, buffer[n, :, :])
+        T.fence_proxy_async()
+        T.barrier_arrive(getattr(smem, ring.ready)[n])
+
+    @T.macro
+    def write_vd(smem, c, slot, Vn_f):
+        """Hand chunk c's Vd = exp(gc_last - gc) Vnew (V without the delta rule: Vn_f None) to the state group."""
+        T.barrier_wait(smem.Vd_read[Vd_ring.slot(c)], Vd_ring.free_parity(c))
+        for i, j in T.Parallel(C, block_DV):
+            smem.Vd_s[Vd_ring.slot(c), i, j] = smem.ed_s[slot, i] * (Vn_f[i, j] if delta else smem.v_s[slot, i, j])
+        T.fence_proxy_async()
+        T.barrier_arrive(smem.Vd_ready[Vd_ring.slot(c)])
+
+    @T.macro
+    def state_group(smem, cta, S_f, h0, ht):
+        """S for the whole sequence: per chunk, hand its 16-bit copy to S_s, decay S, add K^T Vd (or K^T V)."""
+        decay = T.alloc_local([1], accum)
+        if use_initial_state:
+            T.copy(h0[cta.bn, cta.bh, 0:K, cta.v0 : cta.v0 + block_DV], S_f)
+        else:
+            T.clear(S_f)
+        for c in T.serial(cta.n_chunks):
+            slot = inputs.slot(c)
+            T.barrier_wait(smem.loaded[slot], inputs.ready_parity(c))
+            if S_ring is not None:
+                publish(smem, S_ring, c, S_f, smem.S_s)
+            if scalar:
+                decay[0] = smem.eg_s[slot, C - 1]
+                for i, j in T.Parallel(K, block_DV):
+                    S_f[i, j] = S_f[i, j] * decay[0]
+            if channel:
+                for i, j in T.Parallel(K, block_DV):
+                    S_f[i, j] = S_f[i, j] * smem.d_s[slot, i]
+            if cfg.kv_from_inputs:
+                t0 = cta.t_start + c * C
+                if t0 + C > cta.t_end:  # the last chunk's rows past the end: K zeroed, so their V adds nothing
+                    for i, j in T.Parallel(C, K):
+                        if t0 + i >= cta.t_end:
+                            smem.k_s[slot, i, j] = 0
+                    T.fence_proxy_async()
+                    T.sync_threads(STATE_BARRIER, GROUP)
+                T.gemm(smem.k_s[slot, :, :], smem.v_s[slot, :, :], S_f, transpose_A=True)
+            else:
+                T.barrier_wait(smem.Vd_ready[Vd_ring.slot(c)], Vd_ring.ready_parity(c))
+                T.gemm(smem.k_s[slot, :, :], smem.Vd_s[Vd_ring.slot(c), :, :], S_f, transpose_A=True)
+                T.barrier_arrive(smem.Vd_read[Vd_ring.slot(c)])
+            T.barrier_arrive(smem.consumed[slot])
+        if store_final_state:
+            T.copy(S_f, ht[cta.bn, cta.bh, 0:K, cta.v0 : cta.v0 + block_DV])
+
+    @T.macro
+    def value_group(smem, cta, KS_f, Vn_f):
+        """Per chunk, the delta rule's K S -> R = beta (V - exp(gc) K S) (in place of V) -> Vnew = A R, then Vd_s
+        = exp(gc_last - gc) Vnew and Vnew_s; under the plain update Vd_s = exp(gc_last - gc) V alone."""
+        for c in T.serial(cta.n_chunks):
+            slot = inputs.slot(c)
+            T.barrier_wait(smem.loaded[slot], inputs.ready_parity(c))
+            if delta:
+                s = S_ring.slot(c)
+                T.barrier_wait(smem.S_ready[s], S_ring.ready_parity(c))
+                T.gemm(smem.k_s[slot, :, :], smem.S_s[s, :, :], KS_f, clear_accum=True)
+                T.barrier_arrive(smem.S_read[s])
+                for i, j in T.Parallel(C, block_DV):
+                    if scalar:
+                        KS_f[i, j] = smem.beta_s[slot, i] * (smem.v_s[slot, i, j] - smem.eg_s[slot, i] * KS_f[i, j])
+                    else:
+                        KS_f[i, j] = smem.beta_s[slot, i] * (smem.v_s[slot, i, j] - KS_f[i, j])
+                T.copy(KS_f, smem.v_s[slot, :, :])
+                T.fence_proxy_async()
+                T.gemm(smem.A_s[slot, :, :], smem.v_s[slot, :, :], Vn_f, clear_accum=True)
+            write_vd(smem, c, slot, Vn_f)  # first: Vd is on the recurrence's critical path, Vnew_s is not
+            if Vn_ring is not None:
+                publish(smem, Vn_ring, c, Vn_f, smem.Vn_s)
+            T.barrier_arrive(smem.consumed[slot])
+
+    @T.macro
+    def output_chunk(c, P_s, P_f, O_f, smem, o, bb, bh, v0, t_start, t_end):
+        """Chunk c's output by one output group: P = Q K^T (before S is ready; loaded under the per-channel gate),
+        O = scale (Q S) (exp(gc) rows) + P Vnew, stored to o's rows up to t_end. P_s: the group's P staging; P_f,
+        O_f: its fragments."""
         s, slot = S_ring.slot(c), inputs.slot(c)
         t0 = t_start + c * C
-        T.barrier_wait(loaded[slot], inputs.ready_parity(c))
+        T.barrier_wait(smem.loaded[slot], inputs.ready_parity(c))
         if not channel:
-            T.gemm(q_s[slot, :, :], k_s[slot, :, :], P_f, transpose_B=True, clear_accum=True)
+            T.gemm(smem.q_s[slot, :, :], smem.k_s[slot, :, :], P_f, transpose_B=True, clear_accum=True)
             for i, j in T.Parallel(C, C):
                 if scalar:
                     P_f[i, j] = T.if_then_else(
-                        j <= i, P_f[i, j] * scale * exp_e(g_s[slot, i] - g_s[slot, j]), 0
+                        j <= i, P_f[i, j] * scale * exp_e(smem.g_s[slot, i] - smem.g_s[slot, j]), 0
                     )
                 else:
                     P_f[i, j] = T.if_then_else(j <= i, P_f[i, j] * scale, 0)
             T.copy(P_f, P_s)
             T.fence_proxy_async()
-        T.barrier_wait(S_ready[s], S_ring.ready_parity(c))
-        T.gemm(q_s[slot, :, :], S_s[s, :, :], O_f, clear_accum=True)
-        T.barrier_arrive(S_read[s])
+        T.barrier_wait(smem.S_ready[s], S_ring.ready_parity(c))
+        T.gemm(smem.q_s[slot, :, :], smem.S_s[s, :, :], O_f, clear_accum=True)
+        T.barrier_arrive(smem.S_read[s])
         for i, j in T.Parallel(C, block_DV):
             if scalar:
-                O_f[i, j] = O_f[i, j] * (scale * eg_s[slot, i])
+                O_f[i, j] = O_f[i, j] * (scale * smem.eg_s[slot, i])
             else:
                 O_f[i, j] = O_f[i, j] * scale
         if delta:
             n = Vn_ring.slot(c)
-            T.barrier_wait(Vn_ready[n], Vn_ring.ready_parity(c))
-            T.gemm(P_s, Vn_s[n, :, :], O_f)
-            T.barrier_arrive(Vn_read[n])
+            T.barrier_wait(smem.Vn_ready[n], Vn_ring.ready_parity(c))
+            T.gemm(P_s, smem.Vn_s[n, :, :], O_f)
+            T.barrier_arrive(smem.Vn_read[n])
         else:
-            T.gemm(A_s[slot, :, :] if channel else P_s, v_s[slot, :, :], O_f)
+            T.gemm(smem.A_s[slot, :, :] if channel else P_s, smem.v_s[slot, :, :], O_f)
         for i, j in T.Parallel(C, block_DV):
             if t0 + i < t_end:
                 o[bb, t0 + i, bh, v0 + j] = O_f[i, j]
-        T.barrier_arrive(consumed[slot])
+        T.barrier_arrive(smem.consumed[slot])
 
     @T.macro
-    def fetch_gate_rows(u, c, g_r, beta_r, g_last, d_r, g, beta, lane, bb, bh, t_start, t_end, tile0, n_chunks):
+    def output_group(first, P_f, O_f, smem, cta, o):
+        """The output of every chunk, or with two output groups of chunks first, first + 2, ... (S_s slot c % 2 is
+        read by chunk c's group only; each group stages its P in its own P_s slot, first)."""
+        if cfg.two_output_groups:
+            for cc in T.serial(T.ceildiv(cta.n_chunks - first, 2)):
+                output_chunk(2 * cc + first, None if channel else smem.P_s[first, :, :], P_f, O_f, smem, o, cta.bb,
+                             cta.bh, cta.v0, cta.t_start, cta.t_end)
+        else:
+            for c in T.serial(cta.n_chunks):
+                output_chunk(c, None if channel else smem.P_s, P_f, O_f, smem, o, cta.bb, cta.bh, cta.v0, cta.t_start,
+                             cta.t_end)
+
+    @T.macro
+    def tma_warp(smem, cta, q, k, v, A):
+        """The TMA loads of every chunk's q (for the output), k, v and A (or P) into its input slot."""
+        for c in T.serial(cta.n_chunks):
+            slot = inputs.slot(c)
+            t0 = cta.t_start + c * C
+            T.barrier_wait(smem.consumed[slot], inputs.free_parity(c))
+            if store_output:
+                T.tma_copy(q[cta.bb, t0 : t0 + C, cta.hq, :], smem.q_s[slot, :, :], barrier=smem.loaded[slot])
+            T.tma_copy(k[cta.bb, t0 : t0 + C, cta.hq, :], smem.k_s[slot, :, :], barrier=smem.loaded[slot])
+            T.tma_copy(v[cta.bb, t0 : t0 + C, cta.bh, cta.v0 : cta.v0 + block_DV], smem.v_s[slot, :, :],
+                       barrier=smem.loaded[slot])
+            if delta or (channel and store_output):
+                T.tma_copy(A[cta.bb, t0 : t0 + C, cta.bh, :], smem.A_s[slot, :, :], barrier=smem.loaded[slot])
+            T.barrier_arrive(smem.loaded[slot])
+
+    @T.macro
+    def fetch_gate_rows(u, c, regs, lane, cta, g, beta):
         """The gate warp's loads of chunk c (clamped to the last chunk: the loads past it are harmless repeats)
         into register set u: gc and beta of rows lane and lane + 32 (clamped to the sequence's last row), gc_last,
         or the chunk's D under the per-channel gate. They stay in flight until the chunk's slot is written."""
-        t0 = t_start + T.min(c, n_chunks - 1) * C
+        t0 = cta.t_start + T.min(c, cta.n_chunks - 1) * C
         for r in T.unroll(C // 32):
             if scalar:
-                g_r[u, r] = g[bb, T.min(t0 + lane + 32 * r, t_end - 1), bh]
+                regs.g_r[u, r] = g[cta.bb, T.min(t0 + lane + 32 * r, cta.t_end - 1), cta.bh]
             if delta:
-                beta_r[u, r] = T.cast(beta[bb, T.min(t0 + lane + 32 * r, t_end - 1), bh], accum)
+                regs.beta_r[u, r] = T.cast(beta[cta.bb, T.min(t0 + lane + 32 * r, cta.t_end - 1), cta.bh], accum)
         if scalar:
-            g_last[u] = g[bb, T.min(t0 + C - 1, t_end - 1), bh]
+            regs.g_last[u] = g[cta.bb, T.min(t0 + C - 1, cta.t_end - 1), cta.bh]
         if channel:
             for e in T.unroll(K // 32):
-                d_r[u, e] = g[tile0 + T.min(c, n_chunks - 1), bh, lane + 32 * e]
+                regs.d_r[u, e] = g[cta.tile0 + T.min(c, cta.n_chunks - 1), cta.bh, lane + 32 * e]
+
+    @T.macro
+    def gate_warp(smem, cta, lane, g, beta):
+        """Rows lane and lane + 32 of every chunk's gc, exp(gc), exp(gc_last - gc) (or only its end mask), beta
+        (0 past the sequence end) and D, from loads issued GATE_AHEAD chunks ahead into registers."""
+        # registers of the GATE_AHEAD chunks whose loads are in flight (chunk c in set c % GATE_AHEAD)
+        g_r = T.alloc_local([GATE_AHEAD, C // 32], accum)
+        beta_r = T.alloc_local([GATE_AHEAD, C // 32], accum)
+        g_last = T.alloc_local([GATE_AHEAD], accum)
+        d_r = T.alloc_local([GATE_AHEAD, K // 32], accum)
+        regs = SimpleNamespace(g_r=g_r, beta_r=beta_r, g_last=g_last, d_r=d_r)
+        for u in T.unroll(GATE_AHEAD):
+            if u < cta.n_chunks:
+                fetch_gate_rows(u, u, regs, lane, cta, g, beta)
+        for cc in T.serial(T.ceildiv(cta.n_chunks, GATE_AHEAD)):
+            for u in T.unroll(GATE_AHEAD):
+                c = cc * GATE_AHEAD + u
+                if c < cta.n_chunks:
+                    slot = inputs.slot(c)
+                    t0 = cta.t_start + c * C
+                    T.barrier_wait(smem.consumed[slot], inputs.free_parity(c))
+                    for r in T.unroll(C // 32):
+                        i = lane + 32 * r
+                        if scalar:
+                            smem.g_s[slot, i] = g_r[u, r]
+                            smem.eg_s[slot, i] = exp_e(g_r[u, r])
+                            smem.ed_s[slot, i] = T.if_then_else(t0 + i < cta.t_end, exp_e(g_last[u] - g_r[u, r]), 0)
+                        elif not cfg.kv_from_inputs:
+                            smem.ed_s[slot, i] = T.if_then_else(t0 + i < cta.t_end, 1, 0)
+                        if delta:
+                            smem.beta_s[slot, i] = T.if_then_else(t0 + i < cta.t_end, beta_r[u, r], 0)
+                    if channel:
+                        for e in T.unroll(K // 32):
+                            smem.d_s[slot, lane + 32 * e] = d_r[u, e]
+                    T.barrier_arrive(smem.loaded[slot])
+                    fetch_gate_rows(u, c + GATE_AHEAD, regs, lane, cta, g, beta)
+
+    @T.macro
+    def vd_writers(smem, cta):
+        """Vd = exp(gc_last - gc) V (rows past the end zeroed) for the state group, from the input slots."""
+        for c in T.serial(cta.n_chunks):
+            slot = inputs.slot(c)
+            T.barrier_wait(smem.loaded[slot], inputs.ready_parity(c))
+            write_vd(smem, c, slot, None)
+            T.barrier_arrive(smem.consumed[slot])
 
     @T.prim_func
     def chunk_fwd_ws(q: sig.q, k: sig.k, v: sig.v, g: sig.g, beta: sig.beta, A: sig.A, h0: sig.h0,
                      cu_seqlens: sig.cu_seqlens, o: sig.o, ht: sig.ht):
-        with T.Kernel(NV, (NS1 - 1) if is_varlen else B, HV, threads=4 * GROUP) as (bv, bn, bh):
+        with T.Kernel(cfg.NV, (NS1 - 1) if is_varlen else B, HV, threads=4 * GROUP) as (bv, bn, bh):
             hq = bh // (HV // H)
             v0 = bv * block_DV
-
             smem = allocate_shared(cfg, dtype)
-            q_s, k_s, v_s, g_s, eg_s, ed_s, A_s, beta_s, d_s, Vn_s, S_s, Vd_s, P_s = (
-                getattr(smem, name, None) for name in ("q_s", "k_s", "v_s", "g_s", "eg_s", "ed_s", "A_s", "beta_s",
-                                                       "d_s", "Vn_s", "S_s", "Vd_s", "P_s"))
-            loaded, consumed, S_ready, S_read, Vd_ready, Vd_read, Vn_ready, Vn_read = (
-                getattr(smem, name, None) for name in ("loaded", "consumed", "S_ready", "S_read", "Vd_ready",
-                                                       "Vd_read", "Vn_ready", "Vn_read"))
-            P_f = None
 
+            KS_f = Vn_f = P_f = O2_f = P2_f = None
             S_f = T.alloc_fragment([K, block_DV], accum)
             if delta:
                 KS_f = T.alloc_fragment([C, block_DV], accum)
-            if delta:
                 Vn_f = T.alloc_fragment([C, block_DV], accum)
             O_f = T.alloc_fragment([C, block_DV], accum)
             if not channel:
                 P_f = T.alloc_fragment([C, C], accum)
-            if pingpong:  # the even-chunk output group's own fragments
+            if cfg.two_output_groups:  # the even-chunk output group's own fragments
                 O2_f = T.alloc_fragment([C, block_DV], accum)
-                P2_f = None if channel else T.alloc_fragment([C, C], accum)
+                if not channel:
+                    P2_f = T.alloc_fragment([C, C], accum)
 
             bb = T.alloc_var("int32")
             t_start = T.alloc_var("int32")
@@ -353,162 +498,36 @@ def chunk_fwd_ws_kernel(
                 if channel:
                     tile0 = bn * T.ceildiv(Tn, C)
             n_chunks = T.ceildiv(t_end - t_start, C)
+            cta = SimpleNamespace(bb=bb, bn=bn, bh=bh, hq=hq, v0=v0, t_start=t_start, t_end=t_end, tile0=tile0,
+                                  n_chunks=n_chunks)
 
             tx = T.get_thread_binding()
-            if tx < GROUP:  # state
+            if tx < GROUP:
                 T.set_max_nreg(STATE_REGS, 1)
-                decay = T.alloc_local([1], accum)
-                if use_initial_state:
-                    T.copy(h0[bn, bh, 0:K, v0 : v0 + block_DV], S_f)
-                else:
-                    T.clear(S_f)
-                for c in T.serial(n_chunks):
-                    slot = inputs.slot(c)
-                    T.barrier_wait(loaded[slot], inputs.ready_parity(c))
-                    if S_ring is not None:
-                        s = S_ring.slot(c)
-                        T.barrier_wait(S_read[s], S_ring.free_parity(c))
-                        T.copy(S_f, S_s[s, :, :])
-                        T.fence_proxy_async()
-                        T.barrier_arrive(S_ready[s])
-                    if scalar:
-                        decay[0] = eg_s[slot, C - 1]
-                        for i, j in T.Parallel(K, block_DV):
-                            S_f[i, j] = S_f[i, j] * decay[0]
-                    if channel:
-                        for i, j in T.Parallel(K, block_DV):
-                            S_f[i, j] = S_f[i, j] * d_s[slot, i]
-                    if direct:
-                        t0 = t_start + c * C
-                        if t0 + C > t_end:  # the last chunk's rows past the end: K zeroed, so their V adds nothing
-                            for i, j in T.Parallel(C, K):
-                                if t0 + i >= t_end:
-                                    k_s[slot, i, j] = 0
-                            T.fence_proxy_async()
-                            T.sync_threads(STATE_BARRIER, GROUP)
-                        T.gemm(k_s[slot, :, :], v_s[slot, :, :], S_f, transpose_A=True)
-                    else:
-                        T.barrier_wait(Vd_ready[Vd_ring.slot(c)], Vd_ring.ready_parity(c))
-                        T.gemm(k_s[slot, :, :], Vd_s[Vd_ring.slot(c), :, :], S_f, transpose_A=True)
-                        T.barrier_arrive(Vd_read[Vd_ring.slot(c)])
-                    T.barrier_arrive(consumed[slot])
-                if store_final_state:
-                    T.copy(S_f, ht[bn, bh, 0:K, v0 : v0 + block_DV])
-
-            elif tx < 2 * GROUP:  # value (the plain update with output: the even chunks' output)
-                if pingpong or value_works:
+                state_group(smem, cta, S_f, h0, ht)
+            elif tx < 2 * GROUP:  # value
+                if cfg.two_output_groups:
                     T.set_max_nreg(VALUE_REGS, 1)
-                else:  # the plain update's state pass alone without Vd: this group idles
+                    output_group(0, P2_f, O2_f, smem, cta, o)
+                elif cfg.value_works:
+                    T.set_max_nreg(VALUE_REGS, 1)
+                    value_group(smem, cta, KS_f, Vn_f)
+                else:  # the plain update's state pass alone, K^T V from the input slots: idle
                     T.set_max_nreg(LOAD_REGS, 0)
-                if pingpong:
-                    for cc in T.serial(T.ceildiv(n_chunks, 2)):
-                        output_chunk(2 * cc, None if channel else P_s[0, :, :], P2_f, O2_f, q_s, k_s, v_s, g_s, eg_s,
-                                     A_s, S_s, Vn_s, loaded, consumed, S_ready, S_read, Vn_ready, Vn_read, o, bb, bh,
-                                     v0, t_start, t_end)
-                elif value_works:
-                    for c in T.serial(n_chunks):
-                        slot = inputs.slot(c)
-                        T.barrier_wait(loaded[slot], inputs.ready_parity(c))
-                        if delta:
-                            s = S_ring.slot(c)
-                            T.barrier_wait(S_ready[s], S_ring.ready_parity(c))
-                            T.gemm(k_s[slot, :, :], S_s[s, :, :], KS_f, clear_accum=True)
-                            T.barrier_arrive(S_read[s])
-                            for i, j in T.Parallel(C, block_DV):
-                                if scalar:
-                                    KS_f[i, j] = beta_s[slot, i] * (v_s[slot, i, j] - eg_s[slot, i] * KS_f[i, j])
-                                else:
-                                    KS_f[i, j] = beta_s[slot, i] * (v_s[slot, i, j] - KS_f[i, j])
-                            T.copy(KS_f, v_s[slot, :, :])
-                            T.fence_proxy_async()
-                            T.gemm(A_s[slot, :, :], v_s[slot, :, :], Vn_f, clear_accum=True)
-                        # Vd first: it is on the recurrence's critical path, Vnew_s for the output group is not
-                        T.barrier_wait(Vd_read[Vd_ring.slot(c)], Vd_ring.free_parity(c))
-                        for i, j in T.Parallel(C, block_DV):
-                            Vd_s[Vd_ring.slot(c), i, j] = ed_s[slot, i] * (Vn_f[i, j] if delta else v_s[slot, i, j])
-                        T.fence_proxy_async()
-                        T.barrier_arrive(Vd_ready[Vd_ring.slot(c)])
-                        if Vn_ring is not None:
-                            n = Vn_ring.slot(c)
-                            T.barrier_wait(Vn_read[n], Vn_ring.free_parity(c))
-                            T.copy(Vn_f, Vn_s[n, :, :])
-                            T.fence_proxy_async()
-                            T.barrier_arrive(Vn_ready[n])
-                        T.barrier_arrive(consumed[slot])
-
             elif tx < 3 * GROUP:  # output
                 if store_output:
                     T.set_max_nreg(OUTPUT_REGS, 1)
-                    if pingpong:
-                        for cc in T.serial(T.ceildiv(n_chunks - 1, 2)):
-                            output_chunk(2 * cc + 1, None if channel else P_s[1, :, :], P_f, O_f, q_s, k_s, v_s,
-                                         g_s, eg_s, A_s, S_s, Vn_s, loaded, consumed, S_ready, S_read, Vn_ready,
-                                         Vn_read, o, bb, bh, v0, t_start, t_end)
-                    else:
-                        for c in T.serial(n_chunks):
-                            output_chunk(c, P_s, P_f, O_f, q_s, k_s, v_s, g_s, eg_s, A_s, S_s, Vn_s, loaded,
-                                         consumed, S_ready, S_read, Vn_ready, Vn_read, o, bb, bh, v0, t_start, t_end)
-                else:  # the state pass alone: this group idles
+                    output_group(1, P_f, O_f, smem, cta, o)
+                else:  # the state pass alone: idle
                     T.set_max_nreg(LOAD_REGS, 0)
-
             else:  # load
                 T.set_max_nreg(LOAD_REGS, 0)
                 if tx < 3 * GROUP + 32:
-                    for c in T.serial(n_chunks):
-                        slot = inputs.slot(c)
-                        t0 = t_start + c * C
-                        T.barrier_wait(consumed[slot], inputs.free_parity(c))
-                        if store_output:
-                            T.tma_copy(q[bb, t0 : t0 + C, hq, :], q_s[slot, :, :], barrier=loaded[slot])
-                        T.tma_copy(k[bb, t0 : t0 + C, hq, :], k_s[slot, :, :], barrier=loaded[slot])
-                        T.tma_copy(v[bb, t0 : t0 + C, bh, v0 : v0 + block_DV], v_s[slot, :, :], barrier=loaded[slot])
-                        if delta or (channel and store_output):
-                            T.tma_copy(A[bb, t0 : t0 + C, bh, :], A_s[slot, :, :], barrier=loaded[slot])
-                        T.barrier_arrive(loaded[slot])
-                elif tx < 3 * GROUP + 64 and row_inputs:  # one warp, rows lane and lane + 32 of each chunk
-                    lane = tx - (3 * GROUP + 32)
-                    # registers of the GATE_AHEAD chunks whose loads are in flight (chunk c in set c % GATE_AHEAD)
-                    g_r = T.alloc_local([GATE_AHEAD, C // 32], accum)
-                    beta_r = T.alloc_local([GATE_AHEAD, C // 32], accum)
-                    g_last = T.alloc_local([GATE_AHEAD], accum)
-                    d_r = T.alloc_local([GATE_AHEAD, K // 32], accum)
-                    for u in T.unroll(GATE_AHEAD):
-                        if u < n_chunks:
-                            fetch_gate_rows(u, u, g_r, beta_r, g_last, d_r, g, beta, lane, bb, bh, t_start, t_end,
-                                            tile0, n_chunks)
-                    for cc in T.serial(T.ceildiv(n_chunks, GATE_AHEAD)):
-                        for u in T.unroll(GATE_AHEAD):
-                            c = cc * GATE_AHEAD + u
-                            if c < n_chunks:
-                                slot = inputs.slot(c)
-                                t0 = t_start + c * C
-                                T.barrier_wait(consumed[slot], inputs.free_parity(c))
-                                for r in T.unroll(C // 32):
-                                    i = lane + 32 * r
-                                    if scalar:
-                                        g_s[slot, i] = g_r[u, r]
-                                        eg_s[slot, i] = exp_e(g_r[u, r])
-                                        ed_s[slot, i] = T.if_then_else(t0 + i < t_end, exp_e(g_last[u] - g_r[u, r]), 0)
-                                    elif not direct:
-                                        ed_s[slot, i] = T.if_then_else(t0 + i < t_end, 1, 0)
-                                    if delta:
-                                        beta_s[slot, i] = T.if_then_else(t0 + i < t_end, beta_r[u, r], 0)
-                                if channel:
-                                    for e in T.unroll(K // 32):
-                                        d_s[slot, lane + 32 * e] = d_r[u, e]
-                                T.barrier_arrive(loaded[slot])
-                                fetch_gate_rows(u, c + GATE_AHEAD, g_r, beta_r, g_last, d_r, g, beta, lane, bb, bh,
-                                                t_start, t_end, tile0, n_chunks)
-                elif pingpong and not direct:  # Vd = exp(gc_last - gc) V (rows past the end zeroed) for the state group
-                    for c in T.serial(n_chunks):
-                        slot = inputs.slot(c)
-                        T.barrier_wait(loaded[slot], inputs.ready_parity(c))
-                        T.barrier_wait(Vd_read[Vd_ring.slot(c)], Vd_ring.free_parity(c))
-                        for i, j in T.Parallel(C, block_DV):
-                            Vd_s[Vd_ring.slot(c), i, j] = ed_s[slot, i] * v_s[slot, i, j]
-                        T.fence_proxy_async()
-                        T.barrier_arrive(Vd_ready[Vd_ring.slot(c)])
-                        T.barrier_arrive(consumed[slot])
+                    tma_warp(smem, cta, q, k, v, A)
+                elif tx < 3 * GROUP + 64 and cfg.gate_warp:
+                    gate_warp(smem, cta, tx - (3 * GROUP + 32), g, beta)
+                elif cfg.vd_writers:  # the other two warps
+                    vd_writers(smem, cta)
 
     return chunk_fwd_ws
 
