@@ -1,53 +1,66 @@
-"""Chunk forward, state/output pass, warp-specialised (C = 64): one CTA of four warp groups per (DV block, sequence,
-value head), the chunk loop inside every group (seed 004, "Hopper warp specialization"; seed 002 §6.4.2).
+"""Chunk forward, state/output pass, warp-specialised (C = 64 rows a chunk): one CTA of four warp groups per (DV
+block, sequence, value head). Every group loops over the sequence's chunks; they hand results to each other through
+shared-memory rings.
 
-Computes the same per-chunk identity as chunk_fwd.py and mirrors the same reference stage
-(reference.chunk_math.chunk_forward, looped by reference.seq_in_loop), for a scalar gate or none:
+It computes the per-chunk identity of chunk_fwd.py and mirrors the same reference stage
+(reference.chunk_math.chunk_forward, over each sequence's chunks in order as reference.seq_in_loop runs it). With a
+scalar gate or none:
 
     Vnew = A diag(beta) (V - exp(gc) ⊙ (K S))         delta rule (A = kkt_solve output)
     Vnew = V                                           plain update
     O    = scale [exp(gc) ⊙ (Q S) + tril_incl(exp(gc_i - gc_j) ⊙ Q K^T) Vnew]
-    S   <- exp(gc_last) S + K^T (exp(gc_last - gc) ⊙ Vnew)
+    S   <- exp(gc_last) S + K^T Vd,                    Vd = exp(gc_last - gc) ⊙ Vnew
 
-and, for a per-key-channel gate with the plain update, from the factors gla_factors.py computes in parallel
-beforehand (reference.chunk_math.gated_factors; they take the q, k, A and g slots):
+With a per-key-channel gate and the plain update, from the factors gla_factors.py computes beforehand
+(reference.chunk_math.gated_factors; they take the q, k, A and g slots):
 
     O    = scale Qg S + P V,       S <- D ⊙ S + Kd^T V,       D = exp(gc_last) per key channel
 
 Levels served: linear_attn ("none", plain), simple_gla ("scalar", plain), gla ("channel", plain), delta_rule ("none",
 delta), GDN ("scalar", delta); KDA (per-channel gate, delta rule) and K = 256 stay on chunk_fwd.py.
 
-The four warp groups and what each owns (state on chip for the whole sequence, fp32 in the state group's registers):
-    state   (threads   0-127)  S; writes its bf16 copy S_s, decays S, adds K^T Vd
-    value   (threads 128-255)  K S -> R = beta (V - exp(gc) K S) (in place of the V tile) -> Vnew = A R ->
-                               Vd_s = exp(gc_last - gc) Vnew (rows past the sequence end zeroed), then Vnew_s
-                               (plain update: Vd_s = exp(gc_last - gc) V only)
+Warp groups, one macro each in chunk_fwd_ws_kernel (as in FlashAttention 3's hopper/ kernels: the load group is the
+producer, state and value the mainloop, output the epilogue):
+    state   (threads   0-127)  S in fp32 registers for the whole sequence; per chunk it hands its 16-bit copy to
+                               S_s, decays S and adds K^T Vd (K^T V from the input slots where Vd = V)
+    value   (threads 128-255)  delta rule: K S -> R = beta (V - exp(gc) K S) (in place of V) -> Vnew = A R -> Vd_s,
+                               then Vnew_s; plain update without output: Vd_s; plain update with output: the
+                               output of the even chunks; plain update without output or Vd_s: idle
     output  (threads 256-383)  P = Q K^T (before S is ready; loaded with a per-channel gate), Q S, O = ... + P Vnew,
-                               stores O
-    load    (threads 384-511)  one warp issues the TMA loads of q (for the output), k, v, A (or P); one warp (the
-                               gate warp) loads gc, beta (or the chunk's D) GATE_AHEAD chunks ahead into registers
-                               and writes them with the exp factors of gc; the other two warps idle
-Plain update with output (levels 1-3): the value group has no products, so it becomes a second output group (even
-chunks; the output group takes the odd ones: S_s slot c % 2 is read by the group of chunk c only, each group stages
-its own P), and the two idle load warps write Vd_s = exp(gc_last - gc) V for the state group.
-Plain update without a scalar gate (levels 1 and 3): Vd = V, so the state group adds K^T V straight from the input
-slots (in the last chunk it first zeroes K's rows past the sequence end); no Vd_s, no Vd writers, and without a gate
-no gate warp.
-Every hand-over is a buffer with n slots (chunk c uses slot c % n) and one mbarrier pair per slot: "ready"
-completes when the slot holds chunk c (wait parity (c // n) % 2), "free"/"read" when its readers are done with it
-(the writer of chunk c waits parity (c // n + 1) % 2, which a fresh barrier passes: no wait for the first n chunks):
-    loaded / consumed     load -> all      q, k, v, A, gc, beta (D)    n = input_stages: 2 to 4 (3 delta rule)
-    S_ready / S_read      state -> value, output   S_s                  n = 2
-    Vn_ready / Vn_read    value -> output  Vnew_s (delta rule)          n = 2, 1 at block_DV = 128 (shared memory)
-    Vd_ready / Vd_read    value -> state   Vd_s                         n = 1 delta rule, 2 plain update with a
-                                                                        scalar gate (two idle load warps write it)
+                               stores O (of the odd chunks where the value group takes the even ones); without
+                               output: idle
+    load    (threads 384-511)  TMA warp: q (for the output), k, v, A (or P); gate warp: gc, beta (or the chunk's D)
+                               loaded GATE_AHEAD chunks ahead into registers, written with exp(gc), exp(gc_last - gc)
+                               and the rows' end mask; the other two warps write Vd_s where the value group is an
+                               output group, else idle
+
+Hand-overs (Ring): a buffer of n slots, chunk c in slot c % n, one mbarrier pair per slot. "ready" completes when
+the slot holds chunk c (a reader waits parity (c // n) % 2), "free" when its readers are done with it (the writer of
+chunk c waits parity (c // n + 1) % 2, which a fresh barrier passes: the first n chunks do not wait):
+    ready / free         writer -> readers               buffer                     n
+    loaded / consumed    load -> the chunk's readers     q, k, v, A, gc, beta (D)   2 to 4, 3 delta rule (stages)
+    S_ready / S_read     state -> value, output          S_s                        2
+    Vd_ready / Vd_read   value or Vd writers -> state    Vd_s                       1 delta rule, 2 plain update
+    Vn_ready / Vn_read   value -> output                 Vnew_s (delta rule)        2 to block_DV = 64, 1 above
 The recurrence's critical path is S_s -> K S -> A R -> K^T Vd -> S_s. P = Q K^T, Q S, P Vnew and the store run
-beside it in the output group, a chunk behind at most (two S_s slots: the state never waits for Q S of the
-chunk it just left), and the next chunk's loads beside both.
+beside it in the output group, a chunk behind at most (two S_s slots: the state never waits for Q S of the chunk it
+just left), and the next chunk's loads beside both.
 
 Varlen tails as in chunk_fwd.py: the 64-row tiles of the last chunk hold the next sequence's rows (or TMA zeros past
 the tensor end); beta = 0 there, gc is clamped to the last valid row, the causal mask keeps them out of valid rows,
-Vd rows (or K rows, where the state reads V directly) are zeroed and output rows are not stored.
+Vd rows (or K rows, where the state reads V from the input slots) are zeroed and output rows are not stored.
+
+Glossary:
+    plain update   Vnew = V, no delta rule (linear_attn, simple_gla, gla)
+    Vd             exp(gc_last - gc) ⊙ Vnew, rows past the sequence end zeroed: the state adds K^T Vd
+    direct         (WsConfig.kv_from_inputs, direct_v) the plain update without a scalar gate: Vd = V, so the state
+                   group adds K^T V from the input slots and there is no Vd_s; update_rule's key "plain"
+    vd             the plain update through a written Vd_s (scalar gate); update_rule's key "vd"
+    pingpong       (WsConfig.two_output_groups) the plain update with output: the value group, without products of
+                   its own, is a second output group; the two take alternate chunks
+    input slots    the loaded / consumed ring's buffers: q_s, k_s, v_s, A_s, g_s, eg_s, ed_s, beta_s, d_s
+    NS1, NSL       launch sizes (kernels.state_pass_contract): len(cu_seqlens), one more than the sequences; the
+                   tile slots of the per-channel gate's D
 """
 
 import math
@@ -63,8 +76,8 @@ from .. import exp_e, state_pass_contract
 GROUP = 128  # threads of a warp group
 GATES = ("none", "scalar", "channel")
 # registers per thread after setmaxnreg, 160 + 152 + 144 + 56 = 512 (65536 over 512 threads, 128 at launch): the
-# state group holds S (K x DV / 128 fp32); the load group's gate warp holds GATE_AHEAD chunks of gc / beta (at 48
-# GDN's DV 64 and 128 spill); the compile test fails on any spill
+# state group holds S (K x DV / 128 fp32); the load group's gate warp holds GATE_AHEAD chunks of gc / beta (48
+# spill under GDN at DV 64 and 128); the compile test fails on any spill
 STATE_REGS = 160
 VALUE_REGS = 152
 OUTPUT_REGS = 144
@@ -77,7 +90,8 @@ GATE_AHEAD = 3  # chunks whose gate loads (gc, beta, D) the gate warp keeps in f
 @dataclass(frozen=True)
 class Shared:
     """One shared-memory buffer of the pass: its name in the kernel, its shape (an input buffer's shape leads with
-    the input slots) and whether it holds fp32 (the accumulator type) rather than the inputs' 16-bit dtype."""
+    the input slots) and whether it holds fp32 (the accumulator type) rather than the inputs' 16-bit dtype.
+    The builder allocates exactly these buffers, and the input slots are counted from their bytes."""
 
     name: str
     shape: tuple[int, ...]
@@ -90,9 +104,10 @@ class Shared:
 
 @dataclass(frozen=True)
 class Ring:
-    """A hand-over through a buffer of `slots` slots, chunk c in slot c % slots, with one mbarrier pair per slot:
-    `ready` completes when the slot holds chunk c (`writers` arrivals), `free` when its readers are done with it
-    (`readers` arrivals). Pure Python: its methods build the TIR expressions of a chunk index c."""
+    """A hand-over through a buffer of `slots` slots, chunk c in slot c % slots, with one mbarrier pair per slot
+    (the barrier buffers named `ready` and `free`): ready completes when the slot holds chunk c (`writers`
+    arrivals), free when its readers are done with it (`readers` arrivals). Pure Python: the methods build the TIR
+    expressions of a chunk index c."""
 
     ready: str
     free: str
@@ -115,8 +130,9 @@ class Ring:
 
 @dataclass(frozen=True)
 class WsConfig:
-    """Everything the pass's builder decides from the static sizes, gate kind, update rule, DV block and output
-    switch, derived once (derive) and read by the builder and the shared-memory accounting alike."""
+    """What the pass's builder decides from the head sizes, gate kind, update rule, DV block and output switch
+    (the fields up to store_output), derived once (derive); the builder and the shared-memory accounting
+    (input_stages) read the same object."""
 
     K: int
     V: int
@@ -127,26 +143,27 @@ class WsConfig:
     NV: int
     """DV blocks, the grid's first dimension: V // block_DV."""
     scalar: bool
-    """A scalar gate per row (gc, exp(gc) and the state's decay exp(gc_last))."""
+    """A scalar gate per row: gc and exp(gc) in the input slots, the state decays by exp(gc_last)."""
     channel: bool
-    """A per-key-channel gate: the factors of gla_factors.py in the q, k and A slots, D = exp(gc_last) per channel."""
+    """A per-key-channel gate: gla_factors.py's factors in the q, k and A slots, the state decays by D per key."""
     two_output_groups: bool
-    """The plain update with output: the value group has no products, so it takes the output of the even chunks and
-    the output group that of the odd ones ("pingpong"). Each stages its own P; S_s slot c % 2 has one reader."""
+    """The plain update with output ("pingpong"): the value group has no products, so it takes the output of the
+    even chunks and the output group that of the odd ones. Each stages its own P; S_s slot c % 2 has one reader."""
     kv_from_inputs: bool
     """The plain update without a scalar gate: Vd = V, so the state group adds K^T V straight from the input slots
     ("direct"; the last chunk's K rows past the sequence end zeroed first); no Vd_s, nobody writes Vd."""
     vd_writers: bool
-    """Two idle load warps write Vd = exp(gc_last - gc) V for the state group (two output groups and a Vd_s)."""
-    value_works: bool
-    """The value group computes a chunk's Vd (with the delta rule also R, Vnew and Vnew_s); else it is an output
-    group (two_output_groups) or idles (the state pass alone with K^T V from the input slots)."""
+    """Two otherwise idle load warps write Vd_s = exp(gc_last - gc) V: two output groups and a Vd_s."""
+    value_writes_vd: bool
+    """The value group writes Vd_s (with the delta rule after R and Vnew, then Vnew_s); else it is an output group
+    (two_output_groups) or idles (the state pass alone with K^T V from the input slots)."""
     gate_warp: bool
-    """The gate warp runs: its rows (gc, beta, D, or only the rows' end mask of Vd) are part of every chunk."""
+    """The gate warp runs: a gate or the delta rule (its rows: gc, beta, D, or only Vd's rows' end mask)."""
     inputs: Ring
-    """loaded / consumed: q, k, v, A or P, gc, beta, D from the load group to every group that reads them. Slots:
-    as many as shared memory holds beside the fixed buffers, 2 to 4 (3 with the delta rule). Writers: the TMA warp
-    and the gate warp. Readers: the state group, the chunk's output group, a working value group, the Vd writers."""
+    """loaded / consumed: q, k, v, A or P, gc, beta, D from the load group to the groups that read them. Slots: as
+    many as shared memory holds beside the fixed buffers, 2 to 4 (3 with the delta rule). Writers: the TMA warp
+    and the gate warp. Readers: the state group, the chunk's output group, a value group that writes Vd_s, the Vd
+    writers."""
     S_ring: Ring | None
     """S_ready / S_read: S_s from the state group to the value group (delta rule) and the chunk's output group, two
     slots (the state never waits for Q S of the chunk it just left). None: S_s has no readers."""
@@ -157,7 +174,8 @@ class WsConfig:
     """Vn_ready / Vn_read: Vnew_s from the value group to the output group (delta rule with output); two slots up
     to block_DV = 64, one above (shared memory). None: no Vnew_s."""
     shared: tuple[Shared, ...]
-    """Every shared buffer the builder allocates, in allocation order: the input slots' buffers, then the fixed ones."""
+    """Every shared buffer the builder allocates, in allocation order: the input slots' buffers, then the fixed
+    ones (Vnew_s, S_s, Vd_s, P_s)."""
 
     @property
     def stages(self) -> int:
@@ -171,6 +189,7 @@ class WsConfig:
 
     @classmethod
     def derive(cls, K: int, V: int, gate: str, delta: bool, block_DV: int, store_output: bool) -> "WsConfig":
+        """The configuration of chunk_fwd_ws_kernel's arguments of the same names (V only sets NV)."""
         if gate not in GATES:
             raise ValueError(f"gate: one of {GATES}, got {gate!r}")
         scalar, channel = gate == "scalar", gate == "channel"
@@ -180,7 +199,7 @@ class WsConfig:
         two_output_groups = store_output and not delta
         kv_from_inputs = direct_v(gate, delta)
         vd_writers = two_output_groups and not kv_from_inputs
-        value_works = not two_output_groups and not kv_from_inputs
+        value_writes_vd = not two_output_groups and not kv_from_inputs
         gate_warp = gate != "none" or delta
         S_readers = 1 if two_output_groups else int(delta) + int(store_output)  # warp groups reading S_s
         Vd_slots, Vn_slots = vd_slots(delta), 2 if block_DV <= 64 else 1
@@ -209,12 +228,23 @@ class WsConfig:
         return cls(
             K=K, V=V, gate=gate, delta=delta, block_DV=block_DV, store_output=store_output, NV=V // block_DV,
             scalar=scalar, channel=channel, two_output_groups=two_output_groups, kv_from_inputs=kv_from_inputs,
-            vd_writers=vd_writers, value_works=value_works, gate_warp=gate_warp,
+            vd_writers=vd_writers, value_writes_vd=value_writes_vd, gate_warp=gate_warp,
             inputs=Ring("loaded", "consumed", stages, 64 if gate_warp else 32,
-                        GROUP * (1 + int(store_output) + int(value_works)) + 64 * int(vd_writers)),
+                        GROUP * (1 + int(store_output) + int(value_writes_vd)) + 64 * int(vd_writers)),
             S_ring=S_ring, Vd_ring=Vd_ring, Vn_ring=Vn_ring,
             shared=tuple(Shared(b.name, (stages, *b.shape), b.fp32) for b in slot) + tuple(fixed),
         )
+
+
+def allocate_shared(cfg: WsConfig, dtype: str) -> SimpleNamespace:
+    """Allocate cfg.shared in its order, each buffer under its name (in dtype, or fp32), then the rings' barriers
+    under theirs, inside the kernel being built; their namespace (smem.q_s, smem.loaded, ...)."""
+    smem = {buffer.name: IRBuilder.name(buffer.name, T.alloc_shared(buffer.shape, "float32" if buffer.fp32 else dtype))
+            for buffer in cfg.shared}
+    for ring in cfg.rings:
+        smem[ring.ready] = IRBuilder.name(ring.ready, T.alloc_barrier([ring.writers] * ring.slots))
+        smem[ring.free] = IRBuilder.name(ring.free, T.alloc_barrier([ring.readers] * ring.slots))
+    return SimpleNamespace(**smem)
 
 
 def chunk_fwd_ws_kernel(
@@ -232,8 +262,8 @@ def chunk_fwd_ws_kernel(
     store_output=True,
 ):
     """Build the warp-specialised state/output pass for static head sizes (K in {64, 128}; V = K, or 2K for the
-    sequence split's transitions), gate kind ("none" or "scalar"), update rule and DV block (dv_blocks(K)).  Batch,
-    length, head counts and the varlen layout are dynamic.
+    sequence split's transitions), gate kind (GATES; "channel" with the plain update only), update rule and DV block
+    (dv_blocks(K)).  Batch, length, head counts and the varlen layout are dynamic.
     Grid: (V // block_DV, N sequences, HV), 512 threads.  Inputs absent for a configuration (g without a gate; beta
     and A for the plain update) are one-element placeholders.  store_output=False drops the output group (its
     warps idle, o is not written): the state pass alone, as the sequence split's transitions need it."""
@@ -509,7 +539,7 @@ def chunk_fwd_ws_kernel(
                 if cfg.two_output_groups:
                     T.set_max_nreg(VALUE_REGS, 1)
                     output_group(0, P2_f, O2_f, smem, cta, o)
-                elif cfg.value_works:
+                elif cfg.value_writes_vd:
                     T.set_max_nreg(VALUE_REGS, 1)
                     value_group(smem, cta, KS_f, Vn_f)
                 else:  # the plain update's state pass alone, K^T V from the input slots: idle
@@ -538,16 +568,6 @@ def input_stages(K, block_DV, gate, delta, store_output):
     overlap chunk c + 1 even when the output group lags a chunk behind; four keep more bytes in flight per SM."""
     return WsConfig.derive(K, block_DV, gate, delta, block_DV, store_output).stages
 
-
-def allocate_shared(cfg: WsConfig, dtype: str) -> SimpleNamespace:
-    """Allocate cfg.shared in its order, each buffer under its name (in dtype, or fp32), then the rings' barriers;
-    their namespace."""
-    smem = {buffer.name: IRBuilder.name(buffer.name, T.alloc_shared(buffer.shape, "float32" if buffer.fp32 else dtype))
-            for buffer in cfg.shared}
-    for ring in cfg.rings:
-        smem[ring.ready] = IRBuilder.name(ring.ready, T.alloc_barrier([ring.writers] * ring.slots))
-        smem[ring.free] = IRBuilder.name(ring.free, T.alloc_barrier([ring.readers] * ring.slots))
-    return SimpleNamespace(**smem)
 
 def direct_v(gate, delta):
     """Whether the state group adds K^T V straight from the input slots (the plain update without a scalar gate:
