@@ -1,65 +1,84 @@
-"""Chunk forward, state/output pass, warp-specialised (C = 64): one CTA of four warp groups per (DV block, sequence,
-value head), the chunk loop inside every group (seed 004, "Hopper warp specialization"; seed 002 §6.4.2).
+"""Chunk forward, state/output pass, warp-specialised (C = 64 rows a chunk): one CTA of four warp groups per (DV
+block, sequence, value head). Every group loops over the sequence's chunks; they hand results to each other through
+shared-memory rings.
 
-Computes the same per-chunk identity as chunk_fwd.py and mirrors the same reference stage
-(reference.chunk_math.chunk_forward, looped by reference.seq_in_loop), for a scalar gate or none:
+It computes the per-chunk identity of chunk_fwd.py and mirrors the same reference stage
+(reference.chunk_math.chunk_forward, over each sequence's chunks in order as reference.seq_in_loop runs it). With a
+scalar gate or none:
 
     Vnew = A diag(beta) (V - exp(gc) ⊙ (K S))         delta rule (A = kkt_solve output)
     Vnew = V                                           plain update
     O    = scale [exp(gc) ⊙ (Q S) + tril_incl(exp(gc_i - gc_j) ⊙ Q K^T) Vnew]
-    S   <- exp(gc_last) S + K^T (exp(gc_last - gc) ⊙ Vnew)
+    S   <- exp(gc_last) S + K^T Vd,                    Vd = exp(gc_last - gc) ⊙ Vnew
 
-and, for a per-key-channel gate with the plain update, from the factors gla_factors.py computes in parallel
-beforehand (reference.chunk_math.gated_factors; they take the q, k, A and g slots):
+With a per-key-channel gate and the plain update, from the factors gla_factors.py computes beforehand
+(reference.chunk_math.gated_factors; they take the q, k, A and g slots):
 
     O    = scale Qg S + P V,       S <- D ⊙ S + Kd^T V,       D = exp(gc_last) per key channel
 
 Levels served: linear_attn ("none", plain), simple_gla ("scalar", plain), gla ("channel", plain), delta_rule ("none",
 delta), GDN ("scalar", delta); KDA (per-channel gate, delta rule) and K = 256 stay on chunk_fwd.py.
 
-The four warp groups and what each owns (state on chip for the whole sequence, fp32 in the state group's registers):
-    state   (threads   0-127)  S; writes its bf16 copy S_s, decays S, adds K^T Vd
-    value   (threads 128-255)  K S -> R = beta (V - exp(gc) K S) (in place of the V tile) -> Vnew = A R ->
-                               Vd_s = exp(gc_last - gc) Vnew (rows past the sequence end zeroed), then Vnew_s
-                               (plain update: Vd_s = exp(gc_last - gc) V only)
+Warp groups, one macro each in chunk_fwd_ws_kernel (as in FlashAttention 3's hopper/ kernels: the load group is the
+producer, state and value the mainloop, output the epilogue):
+    state   (threads   0-127)  S in fp32 registers for the whole sequence; per chunk it hands its 16-bit copy to
+                               S_s, decays S and adds K^T Vd (K^T V from the input slots where Vd = V)
+    value   (threads 128-255)  delta rule: K S -> R = beta (V - exp(gc) K S) (in place of V) -> Vnew = A R -> Vd_s,
+                               then Vnew_s; plain update without output: Vd_s; plain update with output: the
+                               output of the even chunks; plain update without output or Vd_s: idle
     output  (threads 256-383)  P = Q K^T (before S is ready; loaded with a per-channel gate), Q S, O = ... + P Vnew,
-                               stores O
-    load    (threads 384-511)  one warp issues the TMA loads of q (for the output), k, v, A (or P); one warp (the
-                               gate warp) loads gc, beta (or the chunk's D) GATE_AHEAD chunks ahead into registers
-                               and writes them with the exp factors of gc; the other two warps idle
-Plain update with output (levels 1-3): the value group has no products, so it becomes a second output group (even
-chunks; the output group takes the odd ones: S_s slot c % 2 is read by the group of chunk c only, each group stages
-its own P), and the two idle load warps write Vd_s = exp(gc_last - gc) V for the state group.
-Plain update without a scalar gate (levels 1 and 3): Vd = V, so the state group adds K^T V straight from the input
-slots (in the last chunk it first zeroes K's rows past the sequence end); no Vd_s, no Vd writers, and without a gate
-no gate warp.
-Every hand-over is a buffer with n slots (chunk c uses slot c % n) and one mbarrier pair per slot: "ready"
-completes when the slot holds chunk c (wait parity (c // n) % 2), "free"/"read" when its readers are done with it
-(the writer of chunk c waits parity (c // n + 1) % 2, which a fresh barrier passes: no wait for the first n chunks):
-    loaded / consumed     load -> all      q, k, v, A, gc, beta (D)    n = input_stages: 2 to 4 (3 delta rule)
-    S_ready / S_read      state -> value, output   S_s                  n = 2
-    Vn_ready / Vn_read    value -> output  Vnew_s (delta rule)          n = 2, 1 at block_DV = 128 (shared memory)
-    Vd_ready / Vd_read    value -> state   Vd_s                         n = 1 delta rule, 2 plain update with a
-                                                                        scalar gate (two idle load warps write it)
+                               stores O (of the odd chunks where the value group takes the even ones); without
+                               output: idle
+    load    (threads 384-511)  TMA warp: q (for the output), k, v, A (or P); gate warp: gc, beta (or the chunk's D)
+                               loaded GATE_AHEAD chunks ahead into registers, written with exp(gc), exp(gc_last - gc)
+                               and the rows' end mask; the other two warps write Vd_s where the value group is an
+                               output group, else idle
+
+Hand-overs (Ring): a buffer of n slots, chunk c in slot c % n, one mbarrier pair per slot. "ready" completes when
+the slot holds chunk c (a reader waits parity (c // n) % 2), "free" when its readers are done with it (the writer of
+chunk c waits parity (c // n + 1) % 2, which a fresh barrier passes: the first n chunks do not wait):
+    ready / free         writer -> readers               buffer                     n
+    loaded / consumed    load -> the chunk's readers     q, k, v, A, gc, beta (D)   2 to 4, 3 delta rule (stages)
+    S_ready / S_read     state -> value, output          S_s                        2
+    Vd_ready / Vd_read   value or Vd writers -> state    Vd_s                       1 delta rule, 2 plain update
+    Vn_ready / Vn_read   value -> output                 Vnew_s (delta rule)        2 to block_DV = 64, 1 above
 The recurrence's critical path is S_s -> K S -> A R -> K^T Vd -> S_s. P = Q K^T, Q S, P Vnew and the store run
-beside it in the output group, a chunk behind at most (two S_s slots: the state never waits for Q S of the
-chunk it just left), and the next chunk's loads beside both.
+beside it in the output group, a chunk behind at most (two S_s slots: the state never waits for Q S of the chunk it
+just left), and the next chunk's loads beside both.
 
 Varlen tails as in chunk_fwd.py: the 64-row tiles of the last chunk hold the next sequence's rows (or TMA zeros past
 the tensor end); beta = 0 there, gc is clamped to the last valid row, the causal mask keeps them out of valid rows,
-Vd rows (or K rows, where the state reads V directly) are zeroed and output rows are not stored.
+Vd rows (or K rows, where the state reads V from the input slots) are zeroed and output rows are not stored.
+
+Glossary:
+    plain update   Vnew = V, no delta rule (linear_attn, simple_gla, gla)
+    Vd             exp(gc_last - gc) ⊙ Vnew, rows past the sequence end zeroed: the state adds K^T Vd
+    direct         (WsConfig.kv_from_inputs, direct_v) the plain update without a scalar gate: Vd = V, so the state
+                   group adds K^T V from the input slots and there is no Vd_s; update_rule's key "plain"
+    vd             the plain update through a written Vd_s (scalar gate); update_rule's key "vd"
+    pingpong       (WsConfig.two_output_groups) the plain update with output: the value group, without products of
+                   its own, is a second output group; the two take alternate chunks
+    input slots    the loaded / consumed ring's buffers: q_s, k_s, v_s, A_s, g_s, eg_s, ed_s, beta_s, d_s
+    NS1, NSL       launch sizes (common.state_pass_contract): len(cu_seqlens), one more than the sequences; the
+                   tile slots of the per-channel gate's D
 """
 
+import math
+from dataclasses import dataclass
+from types import SimpleNamespace
+
 import tilelang.language as T
+from tvm.script.ir_builder import IRBuilder
 
 from .common import TILE as CHUNK
 from .common import exp_e, state_pass_contract
+from .plan import update_rule
 
 GROUP = 128  # threads of a warp group
 GATES = ("none", "scalar", "channel")
 # registers per thread after setmaxnreg, 160 + 152 + 144 + 56 = 512 (65536 over 512 threads, 128 at launch): the
-# state group holds S (K x DV / 128 fp32); the load group's gate warp holds GATE_AHEAD chunks of gc / beta (at 48
-# GDN's DV 64 and 128 spill); the compile test fails on any spill
+# state group holds S (K x DV / 128 fp32); the load group's gate warp holds GATE_AHEAD chunks of gc / beta (48
+# spill under GDN at DV 64 and 128); the compile test fails on any spill
 STATE_REGS = 160
 VALUE_REGS = 152
 OUTPUT_REGS = 144
@@ -67,6 +86,166 @@ LOAD_REGS = 56
 SHARED_BYTES = 226 * 1024  # of the 227 KiB a CTA may take, 1 KiB left for barriers and alignment
 STATE_BARRIER = 1  # named barrier of the state group (bar.sync 0 is the CTA's)
 GATE_AHEAD = 3  # chunks whose gate loads (gc, beta, D) the gate warp keeps in flight
+
+
+@dataclass(frozen=True)
+class Shared:
+    """One shared-memory buffer of the pass: its name in the kernel, its shape (an input buffer's shape leads with
+    the input slots) and whether it holds fp32 (the accumulator type) rather than the inputs' 16-bit dtype.
+    The builder allocates exactly these buffers, and the input slots are counted from their bytes."""
+
+    name: str
+    shape: tuple[int, ...]
+    fp32: bool = False
+
+    @property
+    def bytes(self) -> int:
+        return math.prod(self.shape) * (4 if self.fp32 else 2)
+
+
+@dataclass(frozen=True)
+class Ring:
+    """A hand-over through a buffer of `slots` slots, chunk c in slot c % slots, with one mbarrier pair per slot
+    (the barrier buffers named `ready` and `free`): ready completes when the slot holds chunk c (`writers`
+    arrivals), free when its readers are done with it (`readers` arrivals). Pure Python: the methods build the TIR
+    expressions of a chunk index c."""
+
+    ready: str
+    free: str
+    slots: int
+    writers: int
+    readers: int
+
+    def slot(self, c):
+        return c % self.slots
+
+    def ready_parity(self, c):
+        """The parity a reader of chunk c waits for on `ready`: the slot's (c // slots)-th fill."""
+        return (c // self.slots) % 2
+
+    def free_parity(self, c):
+        """The parity the writer of chunk c waits for on `free`: the readers' release of chunk c - slots. A fresh
+        barrier passes it, so the first `slots` chunks do not wait."""
+        return (c // self.slots + 1) % 2
+
+
+@dataclass(frozen=True)
+class WsConfig:
+    """What the pass's builder decides from the head sizes, gate kind, update rule, DV block and output switch
+    (the fields up to store_output), derived once (derive); the builder and the shared-memory accounting
+    (input_stages) read the same object."""
+
+    K: int
+    V: int
+    gate: str
+    delta: bool
+    block_DV: int
+    store_output: bool
+    NV: int
+    """DV blocks, the grid's first dimension: V // block_DV."""
+    scalar: bool
+    """A scalar gate per row: gc and exp(gc) in the input slots, the state decays by exp(gc_last)."""
+    channel: bool
+    """A per-key-channel gate: gla_factors.py's factors in the q, k and A slots, the state decays by D per key."""
+    two_output_groups: bool
+    """The plain update with output ("pingpong"): the value group has no products, so it takes the output of the
+    even chunks and the output group that of the odd ones. Each stages its own P; S_s slot c % 2 has one reader."""
+    kv_from_inputs: bool
+    """The plain update without a scalar gate: Vd = V, so the state group adds K^T V straight from the input slots
+    ("direct"; the last chunk's K rows past the sequence end zeroed first); no Vd_s, nobody writes Vd."""
+    vd_writers: bool
+    """Two otherwise idle load warps write Vd_s = exp(gc_last - gc) V: two output groups and a Vd_s."""
+    value_writes_vd: bool
+    """The value group writes Vd_s (with the delta rule after R and Vnew, then Vnew_s); else it is an output group
+    (two_output_groups) or idles (the state pass alone with K^T V from the input slots)."""
+    gate_warp: bool
+    """The gate warp runs: a gate or the delta rule (its rows: gc, beta, D, or only Vd's rows' end mask)."""
+    inputs: Ring
+    """loaded / consumed: q, k, v, A or P, gc, beta, D from the load group to the groups that read them. Slots: as
+    many as shared memory holds beside the fixed buffers, 2 to 4 (3 with the delta rule). Writers: the TMA warp
+    and the gate warp. Readers: the state group, the chunk's output group, a value group that writes Vd_s, the Vd
+    writers."""
+    S_ring: Ring | None
+    """S_ready / S_read: S_s from the state group to the value group (delta rule) and the chunk's output group, two
+    slots (the state never waits for Q S of the chunk it just left). None: S_s has no readers."""
+    Vd_ring: Ring | None
+    """Vd_ready / Vd_read: Vd_s to the state group from the value group or the two Vd writers (vd_slots). None:
+    K^T V from the input slots."""
+    Vn_ring: Ring | None
+    """Vn_ready / Vn_read: Vnew_s from the value group to the output group (delta rule with output); two slots up
+    to block_DV = 64, one above (shared memory). None: no Vnew_s."""
+    shared: tuple[Shared, ...]
+    """Every shared buffer the builder allocates, in allocation order: the input slots' buffers, then the fixed
+    ones (Vnew_s, S_s, Vd_s, P_s)."""
+
+    @property
+    def stages(self) -> int:
+        """Input slots."""
+        return self.inputs.slots
+
+    @property
+    def rings(self) -> tuple[Ring, ...]:
+        """The hand-overs that exist, in the order their barriers are allocated."""
+        return tuple(ring for ring in (self.inputs, self.S_ring, self.Vd_ring, self.Vn_ring) if ring is not None)
+
+    @classmethod
+    def derive(cls, K: int, V: int, gate: str, delta: bool, block_DV: int, store_output: bool) -> "WsConfig":
+        """The configuration of chunk_fwd_ws_kernel's arguments of the same names (V only sets NV)."""
+        if gate not in GATES:
+            raise ValueError(f"gate: one of {GATES}, got {gate!r}")
+        scalar, channel = gate == "scalar", gate == "channel"
+        if channel and delta:
+            raise ValueError("gate: the per-channel gate takes the plain update here (KDA runs on chunk_fwd.py)")
+        C = CHUNK
+        two_output_groups = store_output and not delta
+        kv_from_inputs = direct_v(gate, delta)
+        vd_writers = two_output_groups and not kv_from_inputs
+        value_writes_vd = not two_output_groups and not kv_from_inputs
+        gate_warp = gate != "none" or delta
+        S_readers = 1 if two_output_groups else int(delta) + int(store_output)  # warp groups reading S_s
+        Vd_slots, Vn_slots = vd_slots(delta), 2 if block_DV <= 64 else 1
+        S_ring = Ring("S_ready", "S_read", 2, GROUP, S_readers * GROUP) if S_readers else None
+        Vd_ring = None if kv_from_inputs else Ring("Vd_ready", "Vd_read", Vd_slots, 64 if vd_writers else GROUP, GROUP)
+        Vn_ring = Ring("Vn_ready", "Vn_read", Vn_slots, GROUP, GROUP) if delta and store_output else None
+        slot = [buffer for buffer, used in (  # one input slot of each: q, k, v, gc, exp(gc), ed, A or P, beta, D
+            (Shared("q_s", (C, K)), store_output),
+            (Shared("k_s", (C, K)), True),
+            (Shared("v_s", (C, block_DV)), True),  # V, overwritten by R in the delta rule
+            (Shared("g_s", (C,), fp32=True), scalar),  # gc
+            (Shared("eg_s", (C,), fp32=True), scalar),  # exp(gc)
+            (Shared("ed_s", (C,), fp32=True), not kv_from_inputs),  # exp(gc_last - gc), 0 past the sequence end
+            (Shared("A_s", (C, C)), delta or (channel and store_output)),  # A (delta rule) or P (per-channel gate)
+            (Shared("beta_s", (C,), fp32=True), delta),
+            (Shared("d_s", (K,), fp32=True), channel),  # D = exp(gc_last) per key channel
+        ) if used]
+        fixed = [buffer for buffer, used in (
+            (Shared("Vn_s", (Vn_slots, C, block_DV)), Vn_ring is not None),
+            (Shared("S_s", (2, K, block_DV)), S_ring is not None),
+            (Shared("Vd_s", (Vd_slots, C, block_DV)), Vd_ring is not None),
+            (Shared("P_s", (2, C, C) if two_output_groups else (C, C)), store_output and not channel),
+        ) if used]
+        free = SHARED_BYTES - sum(b.bytes for b in fixed)
+        stages = max(2, min(3 if delta else 4, free // sum(b.bytes for b in slot)))
+        return cls(
+            K=K, V=V, gate=gate, delta=delta, block_DV=block_DV, store_output=store_output, NV=V // block_DV,
+            scalar=scalar, channel=channel, two_output_groups=two_output_groups, kv_from_inputs=kv_from_inputs,
+            vd_writers=vd_writers, value_writes_vd=value_writes_vd, gate_warp=gate_warp,
+            inputs=Ring("loaded", "consumed", stages, 64 if gate_warp else 32,
+                        GROUP * (1 + int(store_output) + int(value_writes_vd)) + 64 * int(vd_writers)),
+            S_ring=S_ring, Vd_ring=Vd_ring, Vn_ring=Vn_ring,
+            shared=tuple(Shared(b.name, (stages, *b.shape), b.fp32) for b in slot) + tuple(fixed),
+        )
+
+
+def allocate_shared(cfg: WsConfig, dtype: str) -> SimpleNamespace:
+    """Allocate cfg.shared in its order, each buffer under its name (in dtype, or fp32), then the rings' barriers
+    under theirs, inside the kernel being built; their namespace (smem.q_s, smem.loaded, ...)."""
+    smem = {buffer.name: IRBuilder.name(buffer.name, T.alloc_shared(buffer.shape, "float32" if buffer.fp32 else dtype))
+            for buffer in cfg.shared}
+    for ring in cfg.rings:
+        smem[ring.ready] = IRBuilder.name(ring.ready, T.alloc_barrier([ring.writers] * ring.slots))
+        smem[ring.free] = IRBuilder.name(ring.free, T.alloc_barrier([ring.readers] * ring.slots))
+    return SimpleNamespace(**smem)
 
 
 def chunk_fwd_ws_kernel(
@@ -84,147 +263,252 @@ def chunk_fwd_ws_kernel(
     store_output=True,
 ):
     """Build the warp-specialised state/output pass for static head sizes (K in {64, 128}; V = K, or 2K for the
-    sequence split's transitions), gate kind ("none" or "scalar"), update rule and DV block (dv_blocks(K)).  Batch,
-    length, head counts and the varlen layout are dynamic.
+    sequence split's transitions), gate kind (GATES; "channel" with the plain update only), update rule and DV block
+    (dv_blocks(K)).  Batch, length, head counts and the varlen layout are dynamic.
     Grid: (V // block_DV, N sequences, HV), 512 threads.  Inputs absent for a configuration (g without a gate; beta
     and A for the plain update) are one-element placeholders.  store_output=False drops the output group (its
     warps idle, o is not written): the state pass alone, as the sequence split's transitions need it."""
-    C = CHUNK
-    NV = V // block_DV
-    accum = "float32"
-    scalar, channel = gate == "scalar", gate == "channel"
-    if channel and delta:
-        raise ValueError("gate: the per-channel gate takes the plain update here (KDA runs on chunk_fwd.py)")
-    Vn_slots = 2 if block_DV <= 64 else 1
-    Vd_slots = vd_slots(delta)
-    # plain update with output: the value group has no products, so it takes the even chunks' output (the output
-    # group the odd ones) and two idle load warps scale V into Vd
-    pingpong = store_output and not delta
-    # plain update without a scalar gate: Vd = V, so the state group adds K^T V from the input slots (the last
-    # chunk's rows past the sequence end zeroed in K) and nobody writes Vd_s
-    direct = direct_v(gate, delta)
-    value_works = not pingpong and not direct  # the value group's products (delta rule) or Vd (state pass alone)
-    # threads that read a chunk's input slots: the state group, the chunk's output group, the value group, and
-    # under the plain update with output the two Vd-writing load warps
-    consumer_threads = GROUP * (1 + int(store_output) + int(value_works)) + (64 if pingpong and not direct else 0)
-    row_inputs = gate != "none" or delta  # the gate warp's loads (gc, D, beta, or the rows' end mask for Vd)
-    S_readers = 1 if pingpong else int(delta) + int(store_output)  # warp groups that read S_s of a chunk
-    Vn_shared = delta and store_output  # Vnew_s only feeds the output
-    stages = input_stages(K, block_DV, gate, delta, store_output)
+    cfg = WsConfig.derive(K, V, gate, delta, block_DV, store_output)
+    C, accum = CHUNK, "float32"
+    scalar, channel = cfg.scalar, cfg.channel
+    inputs, S_ring, Vd_ring, Vn_ring = cfg.inputs, cfg.S_ring, cfg.Vd_ring, cfg.Vn_ring
     sig = state_pass_contract(K, V, gate, delta, dtype, beta_dtype, scores=channel)
     B, Tn, H, HV, NS1 = sig.B, sig.Tn, sig.H, sig.HV, sig.NS1
 
+    # The warp groups. smem: the shared buffers and barriers (allocate_shared); cta: this CTA's coordinates (bb,
+    # bn, bh, hq, v0, t_start, t_end, tile0, n_chunks); the fragments and global tensors each group uses.
+
     @T.macro
-    def output_chunk(c, P_s, P_f, O_f, q_s, k_s, v_s, g_s, eg_s, A_s, S_s, Vn_s, loaded, consumed, S_ready, S_read,
-                     Vn_ready, Vn_read, o, bb, bh, v0, t_start, t_end):
-        """Chunk c's output by one warp group: P = Q K^T (before S is ready; loaded under the per-channel gate),
-        O = scale (Q S) (exp(gc) rows) + P Vnew, stored; P_s its P staging, P_f and O_f its fragments."""
-        s, slot = c % 2, c % stages
+    def publish(smem, ring, c, frag, buffer):
+        """Hand chunk c's fragment to the ring's readers: wait until its slot of buffer is free, copy, mark it
+        ready."""
+        n = ring.slot(c)
+        T.barrier_wait(getattr(smem, ring.free)[n], ring.free_parity(c))
+        T.copy(frag, buffer[n, :, :])
+        T.fence_proxy_async()
+        T.barrier_arrive(getattr(smem, ring.ready)[n])
+
+    @T.macro
+    def write_vd(smem, c, slot, Vn_f):
+        """Hand chunk c's Vd = exp(gc_last - gc) Vnew (V without the delta rule: Vn_f None) to the state group."""
+        T.barrier_wait(smem.Vd_read[Vd_ring.slot(c)], Vd_ring.free_parity(c))
+        for i, j in T.Parallel(C, block_DV):
+            smem.Vd_s[Vd_ring.slot(c), i, j] = smem.ed_s[slot, i] * (Vn_f[i, j] if delta else smem.v_s[slot, i, j])
+        T.fence_proxy_async()
+        T.barrier_arrive(smem.Vd_ready[Vd_ring.slot(c)])
+
+    @T.macro
+    def state_group(smem, cta, S_f, h0, ht):
+        """S for the whole sequence: per chunk, hand its 16-bit copy to S_s, decay S, add K^T Vd (or K^T V)."""
+        decay = T.alloc_local([1], accum)
+        if use_initial_state:
+            T.copy(h0[cta.bn, cta.bh, 0:K, cta.v0 : cta.v0 + block_DV], S_f)
+        else:
+            T.clear(S_f)
+        for c in T.serial(cta.n_chunks):
+            slot = inputs.slot(c)
+            T.barrier_wait(smem.loaded[slot], inputs.ready_parity(c))
+            if S_ring is not None:
+                publish(smem, S_ring, c, S_f, smem.S_s)
+            if scalar:
+                decay[0] = smem.eg_s[slot, C - 1]
+                for i, j in T.Parallel(K, block_DV):
+                    S_f[i, j] = S_f[i, j] * decay[0]
+            if channel:
+                for i, j in T.Parallel(K, block_DV):
+                    S_f[i, j] = S_f[i, j] * smem.d_s[slot, i]
+            if cfg.kv_from_inputs:
+                t0 = cta.t_start + c * C
+                if t0 + C > cta.t_end:  # the last chunk's rows past the end: K zeroed, so their V adds nothing
+                    for i, j in T.Parallel(C, K):
+                        if t0 + i >= cta.t_end:
+                            smem.k_s[slot, i, j] = 0
+                    T.fence_proxy_async()
+                    T.sync_threads(STATE_BARRIER, GROUP)
+                T.gemm(smem.k_s[slot, :, :], smem.v_s[slot, :, :], S_f, transpose_A=True)
+            else:
+                T.barrier_wait(smem.Vd_ready[Vd_ring.slot(c)], Vd_ring.ready_parity(c))
+                T.gemm(smem.k_s[slot, :, :], smem.Vd_s[Vd_ring.slot(c), :, :], S_f, transpose_A=True)
+                T.barrier_arrive(smem.Vd_read[Vd_ring.slot(c)])
+            T.barrier_arrive(smem.consumed[slot])
+        if store_final_state:
+            T.copy(S_f, ht[cta.bn, cta.bh, 0:K, cta.v0 : cta.v0 + block_DV])
+
+    @T.macro
+    def value_group(smem, cta, KS_f, Vn_f):
+        """Per chunk, the delta rule's K S -> R = beta (V - exp(gc) K S) (in place of V) -> Vnew = A R, then Vd_s
+        = exp(gc_last - gc) Vnew and Vnew_s; under the plain update Vd_s = exp(gc_last - gc) V alone."""
+        for c in T.serial(cta.n_chunks):
+            slot = inputs.slot(c)
+            T.barrier_wait(smem.loaded[slot], inputs.ready_parity(c))
+            if delta:
+                s = S_ring.slot(c)
+                T.barrier_wait(smem.S_ready[s], S_ring.ready_parity(c))
+                T.gemm(smem.k_s[slot, :, :], smem.S_s[s, :, :], KS_f, clear_accum=True)
+                T.barrier_arrive(smem.S_read[s])
+                for i, j in T.Parallel(C, block_DV):
+                    if scalar:
+                        KS_f[i, j] = smem.beta_s[slot, i] * (smem.v_s[slot, i, j] - smem.eg_s[slot, i] * KS_f[i, j])
+                    else:
+                        KS_f[i, j] = smem.beta_s[slot, i] * (smem.v_s[slot, i, j] - KS_f[i, j])
+                T.copy(KS_f, smem.v_s[slot, :, :])
+                T.fence_proxy_async()
+                T.gemm(smem.A_s[slot, :, :], smem.v_s[slot, :, :], Vn_f, clear_accum=True)
+            write_vd(smem, c, slot, Vn_f)  # first: Vd is on the recurrence's critical path, Vnew_s is not
+            if Vn_ring is not None:
+                publish(smem, Vn_ring, c, Vn_f, smem.Vn_s)
+            T.barrier_arrive(smem.consumed[slot])
+
+    @T.macro
+    def output_chunk(c, P_s, P_f, O_f, smem, o, bb, bh, v0, t_start, t_end):
+        """Chunk c's output by one output group: P = Q K^T (before S is ready; loaded under the per-channel gate),
+        O = scale (Q S) (exp(gc) rows) + P Vnew, stored to o's rows up to t_end. P_s: the group's P staging; P_f,
+        O_f: its fragments."""
+        s, slot = S_ring.slot(c), inputs.slot(c)
         t0 = t_start + c * C
-        T.barrier_wait(loaded[slot], (c // stages) % 2)
+        T.barrier_wait(smem.loaded[slot], inputs.ready_parity(c))
         if not channel:
-            T.gemm(q_s[slot, :, :], k_s[slot, :, :], P_f, transpose_B=True, clear_accum=True)
+            T.gemm(smem.q_s[slot, :, :], smem.k_s[slot, :, :], P_f, transpose_B=True, clear_accum=True)
             for i, j in T.Parallel(C, C):
                 if scalar:
                     P_f[i, j] = T.if_then_else(
-                        j <= i, P_f[i, j] * scale * exp_e(g_s[slot, i] - g_s[slot, j]), 0
+                        j <= i, P_f[i, j] * scale * exp_e(smem.g_s[slot, i] - smem.g_s[slot, j]), 0
                     )
                 else:
                     P_f[i, j] = T.if_then_else(j <= i, P_f[i, j] * scale, 0)
             T.copy(P_f, P_s)
             T.fence_proxy_async()
-        T.barrier_wait(S_ready[s], (c // 2) % 2)
-        T.gemm(q_s[slot, :, :], S_s[s, :, :], O_f, clear_accum=True)
-        T.barrier_arrive(S_read[s])
+        T.barrier_wait(smem.S_ready[s], S_ring.ready_parity(c))
+        T.gemm(smem.q_s[slot, :, :], smem.S_s[s, :, :], O_f, clear_accum=True)
+        T.barrier_arrive(smem.S_read[s])
         for i, j in T.Parallel(C, block_DV):
             if scalar:
-                O_f[i, j] = O_f[i, j] * (scale * eg_s[slot, i])
+                O_f[i, j] = O_f[i, j] * (scale * smem.eg_s[slot, i])
             else:
                 O_f[i, j] = O_f[i, j] * scale
         if delta:
-            n = c % Vn_slots
-            T.barrier_wait(Vn_ready[n], (c // Vn_slots) % 2)
-            T.gemm(P_s, Vn_s[n, :, :], O_f)
-            T.barrier_arrive(Vn_read[n])
+            n = Vn_ring.slot(c)
+            T.barrier_wait(smem.Vn_ready[n], Vn_ring.ready_parity(c))
+            T.gemm(P_s, smem.Vn_s[n, :, :], O_f)
+            T.barrier_arrive(smem.Vn_read[n])
         else:
-            T.gemm(A_s[slot, :, :] if channel else P_s, v_s[slot, :, :], O_f)
+            T.gemm(smem.A_s[slot, :, :] if channel else P_s, smem.v_s[slot, :, :], O_f)
         for i, j in T.Parallel(C, block_DV):
             if t0 + i < t_end:
                 o[bb, t0 + i, bh, v0 + j] = O_f[i, j]
-        T.barrier_arrive(consumed[slot])
+        T.barrier_arrive(smem.consumed[slot])
 
     @T.macro
-    def fetch_gate_rows(u, c, g_r, beta_r, g_last, d_r, g, beta, lane, bb, bh, t_start, t_end, tile0, n_chunks):
+    def output_group(first, P_f, O_f, smem, cta, o):
+        """The output of every chunk, or with two output groups of chunks first, first + 2, ... (S_s slot c % 2 is
+        read by chunk c's group only; each group stages its P in its own P_s slot, first)."""
+        if cfg.two_output_groups:
+            for cc in T.serial(T.ceildiv(cta.n_chunks - first, 2)):
+                output_chunk(2 * cc + first, None if channel else smem.P_s[first, :, :], P_f, O_f, smem, o, cta.bb,
+                             cta.bh, cta.v0, cta.t_start, cta.t_end)
+        else:
+            for c in T.serial(cta.n_chunks):
+                output_chunk(c, None if channel else smem.P_s, P_f, O_f, smem, o, cta.bb, cta.bh, cta.v0, cta.t_start,
+                             cta.t_end)
+
+    @T.macro
+    def tma_warp(smem, cta, q, k, v, A):
+        """The TMA loads of every chunk's q (for the output), k, v and A (or P) into its input slot."""
+        for c in T.serial(cta.n_chunks):
+            slot = inputs.slot(c)
+            t0 = cta.t_start + c * C
+            T.barrier_wait(smem.consumed[slot], inputs.free_parity(c))
+            if store_output:
+                T.tma_copy(q[cta.bb, t0 : t0 + C, cta.hq, :], smem.q_s[slot, :, :], barrier=smem.loaded[slot])
+            T.tma_copy(k[cta.bb, t0 : t0 + C, cta.hq, :], smem.k_s[slot, :, :], barrier=smem.loaded[slot])
+            T.tma_copy(v[cta.bb, t0 : t0 + C, cta.bh, cta.v0 : cta.v0 + block_DV], smem.v_s[slot, :, :],
+                       barrier=smem.loaded[slot])
+            if delta or (channel and store_output):
+                T.tma_copy(A[cta.bb, t0 : t0 + C, cta.bh, :], smem.A_s[slot, :, :], barrier=smem.loaded[slot])
+            T.barrier_arrive(smem.loaded[slot])
+
+    @T.macro
+    def fetch_gate_rows(u, c, regs, lane, cta, g, beta):
         """The gate warp's loads of chunk c (clamped to the last chunk: the loads past it are harmless repeats)
         into register set u: gc and beta of rows lane and lane + 32 (clamped to the sequence's last row), gc_last,
         or the chunk's D under the per-channel gate. They stay in flight until the chunk's slot is written."""
-        t0 = t_start + T.min(c, n_chunks - 1) * C
+        t0 = cta.t_start + T.min(c, cta.n_chunks - 1) * C
         for r in T.unroll(C // 32):
             if scalar:
-                g_r[u, r] = g[bb, T.min(t0 + lane + 32 * r, t_end - 1), bh]
+                regs.g_r[u, r] = g[cta.bb, T.min(t0 + lane + 32 * r, cta.t_end - 1), cta.bh]
             if delta:
-                beta_r[u, r] = T.cast(beta[bb, T.min(t0 + lane + 32 * r, t_end - 1), bh], accum)
+                regs.beta_r[u, r] = T.cast(beta[cta.bb, T.min(t0 + lane + 32 * r, cta.t_end - 1), cta.bh], accum)
         if scalar:
-            g_last[u] = g[bb, T.min(t0 + C - 1, t_end - 1), bh]
+            regs.g_last[u] = g[cta.bb, T.min(t0 + C - 1, cta.t_end - 1), cta.bh]
         if channel:
             for e in T.unroll(K // 32):
-                d_r[u, e] = g[tile0 + T.min(c, n_chunks - 1), bh, lane + 32 * e]
+                regs.d_r[u, e] = g[cta.tile0 + T.min(c, cta.n_chunks - 1), cta.bh, lane + 32 * e]
+
+    @T.macro
+    def gate_warp(smem, cta, lane, g, beta):
+        """Rows lane and lane + 32 of every chunk's gc, exp(gc), exp(gc_last - gc) (or only its end mask), beta
+        (0 past the sequence end) and D, from loads issued GATE_AHEAD chunks ahead into registers."""
+        # registers of the GATE_AHEAD chunks whose loads are in flight (chunk c in set c % GATE_AHEAD)
+        g_r = T.alloc_local([GATE_AHEAD, C // 32], accum)
+        beta_r = T.alloc_local([GATE_AHEAD, C // 32], accum)
+        g_last = T.alloc_local([GATE_AHEAD], accum)
+        d_r = T.alloc_local([GATE_AHEAD, K // 32], accum)
+        regs = SimpleNamespace(g_r=g_r, beta_r=beta_r, g_last=g_last, d_r=d_r)
+        for u in T.unroll(GATE_AHEAD):
+            if u < cta.n_chunks:
+                fetch_gate_rows(u, u, regs, lane, cta, g, beta)
+        for cc in T.serial(T.ceildiv(cta.n_chunks, GATE_AHEAD)):
+            for u in T.unroll(GATE_AHEAD):
+                c = cc * GATE_AHEAD + u
+                if c < cta.n_chunks:
+                    slot = inputs.slot(c)
+                    t0 = cta.t_start + c * C
+                    T.barrier_wait(smem.consumed[slot], inputs.free_parity(c))
+                    for r in T.unroll(C // 32):
+                        i = lane + 32 * r
+                        if scalar:
+                            smem.g_s[slot, i] = g_r[u, r]
+                            smem.eg_s[slot, i] = exp_e(g_r[u, r])
+                            smem.ed_s[slot, i] = T.if_then_else(t0 + i < cta.t_end, exp_e(g_last[u] - g_r[u, r]), 0)
+                        elif not cfg.kv_from_inputs:
+                            smem.ed_s[slot, i] = T.if_then_else(t0 + i < cta.t_end, 1, 0)
+                        if delta:
+                            smem.beta_s[slot, i] = T.if_then_else(t0 + i < cta.t_end, beta_r[u, r], 0)
+                    if channel:
+                        for e in T.unroll(K // 32):
+                            smem.d_s[slot, lane + 32 * e] = d_r[u, e]
+                    T.barrier_arrive(smem.loaded[slot])
+                    fetch_gate_rows(u, c + GATE_AHEAD, regs, lane, cta, g, beta)
+
+    @T.macro
+    def vd_writers(smem, cta):
+        """Vd = exp(gc_last - gc) V (rows past the end zeroed) for the state group, from the input slots."""
+        for c in T.serial(cta.n_chunks):
+            slot = inputs.slot(c)
+            T.barrier_wait(smem.loaded[slot], inputs.ready_parity(c))
+            write_vd(smem, c, slot, None)
+            T.barrier_arrive(smem.consumed[slot])
 
     @T.prim_func
     def chunk_fwd_ws(q: sig.q, k: sig.k, v: sig.v, g: sig.g, beta: sig.beta, A: sig.A, h0: sig.h0,
                      cu_seqlens: sig.cu_seqlens, o: sig.o, ht: sig.ht):
-        with T.Kernel(NV, (NS1 - 1) if is_varlen else B, HV, threads=4 * GROUP) as (bv, bn, bh):
+        with T.Kernel(cfg.NV, (NS1 - 1) if is_varlen else B, HV, threads=4 * GROUP) as (bv, bn, bh):
             hq = bh // (HV // H)
             v0 = bv * block_DV
+            smem = allocate_shared(cfg, dtype)
 
-            q_s = T.alloc_shared([stages, C, K], dtype)
-            k_s = T.alloc_shared([stages, C, K], dtype)
-            v_s = T.alloc_shared([stages, C, block_DV], dtype)  # V, overwritten by R in the delta rule
-            g_s = eg_s = ed_s = None
-            if scalar:
-                g_s = T.alloc_shared([stages, C], accum)  # gc
-                eg_s = T.alloc_shared([stages, C], accum)  # exp(gc)
-            if not direct:
-                ed_s = T.alloc_shared([stages, C], accum)  # exp(gc_last - gc), 0 past the sequence end
-            A_s = None
-            if delta or (channel and store_output):
-                A_s = T.alloc_shared([stages, C, C], dtype)  # A (delta rule) or P (per-channel gate)
-            if delta:
-                beta_s = T.alloc_shared([stages, C], accum)
-            if channel:
-                d_s = T.alloc_shared([stages, K], accum)  # D = exp(gc_last) per key channel
-            Vn_s = Vn_ready = Vn_read = P_s = P_f = None
-            if Vn_shared:
-                Vn_s = T.alloc_shared([Vn_slots, C, block_DV], dtype)
-            S_s = T.alloc_shared([2, K, block_DV], dtype)
-            if not direct:
-                Vd_s = T.alloc_shared([Vd_slots, C, block_DV], dtype)
-            if not channel:
-                P_s = T.alloc_shared([2, C, C] if pingpong else [C, C], dtype)
-
+            KS_f = Vn_f = P_f = O2_f = P2_f = None
             S_f = T.alloc_fragment([K, block_DV], accum)
             if delta:
                 KS_f = T.alloc_fragment([C, block_DV], accum)
-            if delta:
                 Vn_f = T.alloc_fragment([C, block_DV], accum)
             O_f = T.alloc_fragment([C, block_DV], accum)
             if not channel:
                 P_f = T.alloc_fragment([C, C], accum)
-            if pingpong:  # the even-chunk output group's own fragments
+            if cfg.two_output_groups:  # the even-chunk output group's own fragments
                 O2_f = T.alloc_fragment([C, block_DV], accum)
-                P2_f = None if channel else T.alloc_fragment([C, C], accum)
-
-            loaded = T.alloc_barrier([64 if row_inputs else 32] * stages)  # the TMA warp (and the gate warp)
-            consumed = T.alloc_barrier([consumer_threads] * stages)
-            if S_readers:
-                S_ready = T.alloc_barrier([GROUP, GROUP])
-                S_read = T.alloc_barrier([S_readers * GROUP] * 2)
-            if not direct:
-                Vd_ready = T.alloc_barrier([64 if pingpong else GROUP] * Vd_slots)
-                Vd_read = T.alloc_barrier([GROUP] * Vd_slots)
-            if Vn_shared:
-                Vn_ready = T.alloc_barrier([GROUP] * Vn_slots)
-                Vn_read = T.alloc_barrier([GROUP] * Vn_slots)
+                if not channel:
+                    P2_f = T.alloc_fragment([C, C], accum)
 
             bb = T.alloc_var("int32")
             t_start = T.alloc_var("int32")
@@ -245,187 +529,52 @@ def chunk_fwd_ws_kernel(
                 if channel:
                     tile0 = bn * T.ceildiv(Tn, C)
             n_chunks = T.ceildiv(t_end - t_start, C)
+            cta = SimpleNamespace(bb=bb, bn=bn, bh=bh, hq=hq, v0=v0, t_start=t_start, t_end=t_end, tile0=tile0,
+                                  n_chunks=n_chunks)
 
             tx = T.get_thread_binding()
-            if tx < GROUP:  # state
+            if tx < GROUP:
                 T.set_max_nreg(STATE_REGS, 1)
-                decay = T.alloc_local([1], accum)
-                if use_initial_state:
-                    T.copy(h0[bn, bh, 0:K, v0 : v0 + block_DV], S_f)
-                else:
-                    T.clear(S_f)
-                for c in T.serial(n_chunks):
-                    s, slot = c % 2, c % stages
-                    T.barrier_wait(loaded[slot], (c // stages) % 2)
-                    if S_readers:
-                        T.barrier_wait(S_read[s], (c // 2 + 1) % 2)
-                        T.copy(S_f, S_s[s, :, :])
-                        T.fence_proxy_async()
-                        T.barrier_arrive(S_ready[s])
-                    if scalar:
-                        decay[0] = eg_s[slot, C - 1]
-                        for i, j in T.Parallel(K, block_DV):
-                            S_f[i, j] = S_f[i, j] * decay[0]
-                    if channel:
-                        for i, j in T.Parallel(K, block_DV):
-                            S_f[i, j] = S_f[i, j] * d_s[slot, i]
-                    if direct:
-                        t0 = t_start + c * C
-                        if t0 + C > t_end:  # the last chunk's rows past the end: K zeroed, so their V adds nothing
-                            for i, j in T.Parallel(C, K):
-                                if t0 + i >= t_end:
-                                    k_s[slot, i, j] = 0
-                            T.fence_proxy_async()
-                            T.sync_threads(STATE_BARRIER, GROUP)
-                        T.gemm(k_s[slot, :, :], v_s[slot, :, :], S_f, transpose_A=True)
-                    else:
-                        T.barrier_wait(Vd_ready[c % Vd_slots], (c // Vd_slots) % 2)
-                        T.gemm(k_s[slot, :, :], Vd_s[c % Vd_slots, :, :], S_f, transpose_A=True)
-                        T.barrier_arrive(Vd_read[c % Vd_slots])
-                    T.barrier_arrive(consumed[slot])
-                if store_final_state:
-                    T.copy(S_f, ht[bn, bh, 0:K, v0 : v0 + block_DV])
-
-            elif tx < 2 * GROUP:  # value (the plain update with output: the even chunks' output)
-                if pingpong or value_works:
+                state_group(smem, cta, S_f, h0, ht)
+            elif tx < 2 * GROUP:  # value
+                if cfg.two_output_groups:
                     T.set_max_nreg(VALUE_REGS, 1)
-                else:  # the plain update's state pass alone without Vd: this group idles
+                    output_group(0, P2_f, O2_f, smem, cta, o)
+                elif cfg.value_writes_vd:
+                    T.set_max_nreg(VALUE_REGS, 1)
+                    value_group(smem, cta, KS_f, Vn_f)
+                else:  # the plain update's state pass alone, K^T V from the input slots: idle
                     T.set_max_nreg(LOAD_REGS, 0)
-                if pingpong:
-                    for cc in T.serial(T.ceildiv(n_chunks, 2)):
-                        output_chunk(2 * cc, None if channel else P_s[0, :, :], P2_f, O2_f, q_s, k_s, v_s, g_s, eg_s,
-                                     A_s, S_s, Vn_s, loaded, consumed, S_ready, S_read, Vn_ready, Vn_read, o, bb, bh,
-                                     v0, t_start, t_end)
-                elif value_works:
-                    for c in T.serial(n_chunks):
-                        s, slot = c % 2, c % stages
-                        T.barrier_wait(loaded[slot], (c // stages) % 2)
-                        if delta:
-                            T.barrier_wait(S_ready[s], (c // 2) % 2)
-                            T.gemm(k_s[slot, :, :], S_s[s, :, :], KS_f, clear_accum=True)
-                            T.barrier_arrive(S_read[s])
-                            for i, j in T.Parallel(C, block_DV):
-                                if scalar:
-                                    KS_f[i, j] = beta_s[slot, i] * (v_s[slot, i, j] - eg_s[slot, i] * KS_f[i, j])
-                                else:
-                                    KS_f[i, j] = beta_s[slot, i] * (v_s[slot, i, j] - KS_f[i, j])
-                            T.copy(KS_f, v_s[slot, :, :])
-                            T.fence_proxy_async()
-                            T.gemm(A_s[slot, :, :], v_s[slot, :, :], Vn_f, clear_accum=True)
-                        # Vd first: it is on the recurrence's critical path, Vnew_s for the output group is not
-                        T.barrier_wait(Vd_read[c % Vd_slots], (c // Vd_slots + 1) % 2)
-                        for i, j in T.Parallel(C, block_DV):
-                            Vd_s[c % Vd_slots, i, j] = ed_s[slot, i] * (Vn_f[i, j] if delta else v_s[slot, i, j])
-                        T.fence_proxy_async()
-                        T.barrier_arrive(Vd_ready[c % Vd_slots])
-                        if Vn_shared:
-                            n = c % Vn_slots
-                            T.barrier_wait(Vn_read[n], (c // Vn_slots + 1) % 2)
-                            T.copy(Vn_f, Vn_s[n, :, :])
-                            T.fence_proxy_async()
-                            T.barrier_arrive(Vn_ready[n])
-                        T.barrier_arrive(consumed[slot])
-
             elif tx < 3 * GROUP:  # output
                 if store_output:
                     T.set_max_nreg(OUTPUT_REGS, 1)
-                    if pingpong:
-                        for cc in T.serial(T.ceildiv(n_chunks - 1, 2)):
-                            output_chunk(2 * cc + 1, None if channel else P_s[1, :, :], P_f, O_f, q_s, k_s, v_s,
-                                         g_s, eg_s, A_s, S_s, Vn_s, loaded, consumed, S_ready, S_read, Vn_ready,
-                                         Vn_read, o, bb, bh, v0, t_start, t_end)
-                    else:
-                        for c in T.serial(n_chunks):
-                            output_chunk(c, P_s, P_f, O_f, q_s, k_s, v_s, g_s, eg_s, A_s, S_s, Vn_s, loaded,
-                                         consumed, S_ready, S_read, Vn_ready, Vn_read, o, bb, bh, v0, t_start, t_end)
-                else:  # the state pass alone: this group idles
+                    output_group(1, P_f, O_f, smem, cta, o)
+                else:  # the state pass alone: idle
                     T.set_max_nreg(LOAD_REGS, 0)
-
             else:  # load
                 T.set_max_nreg(LOAD_REGS, 0)
                 if tx < 3 * GROUP + 32:
-                    for c in T.serial(n_chunks):
-                        slot = c % stages
-                        t0 = t_start + c * C
-                        T.barrier_wait(consumed[slot], (c // stages + 1) % 2)
-                        if store_output:
-                            T.tma_copy(q[bb, t0 : t0 + C, hq, :], q_s[slot, :, :], barrier=loaded[slot])
-                        T.tma_copy(k[bb, t0 : t0 + C, hq, :], k_s[slot, :, :], barrier=loaded[slot])
-                        T.tma_copy(v[bb, t0 : t0 + C, bh, v0 : v0 + block_DV], v_s[slot, :, :], barrier=loaded[slot])
-                        if delta or (channel and store_output):
-                            T.tma_copy(A[bb, t0 : t0 + C, bh, :], A_s[slot, :, :], barrier=loaded[slot])
-                        T.barrier_arrive(loaded[slot])
-                elif tx < 3 * GROUP + 64 and row_inputs:  # one warp, rows lane and lane + 32 of each chunk
-                    lane = tx - (3 * GROUP + 32)
-                    # registers of the GATE_AHEAD chunks whose loads are in flight (chunk c in set c % GATE_AHEAD)
-                    g_r = T.alloc_local([GATE_AHEAD, C // 32], accum)
-                    beta_r = T.alloc_local([GATE_AHEAD, C // 32], accum)
-                    g_last = T.alloc_local([GATE_AHEAD], accum)
-                    d_r = T.alloc_local([GATE_AHEAD, K // 32], accum)
-                    for u in T.unroll(GATE_AHEAD):
-                        if u < n_chunks:
-                            fetch_gate_rows(u, u, g_r, beta_r, g_last, d_r, g, beta, lane, bb, bh, t_start, t_end,
-                                            tile0, n_chunks)
-                    for cc in T.serial(T.ceildiv(n_chunks, GATE_AHEAD)):
-                        for u in T.unroll(GATE_AHEAD):
-                            c = cc * GATE_AHEAD + u
-                            if c < n_chunks:
-                                slot = c % stages
-                                t0 = t_start + c * C
-                                T.barrier_wait(consumed[slot], (c // stages + 1) % 2)
-                                for r in T.unroll(C // 32):
-                                    i = lane + 32 * r
-                                    if scalar:
-                                        g_s[slot, i] = g_r[u, r]
-                                        eg_s[slot, i] = exp_e(g_r[u, r])
-                                        ed_s[slot, i] = T.if_then_else(t0 + i < t_end, exp_e(g_last[u] - g_r[u, r]), 0)
-                                    elif not direct:
-                                        ed_s[slot, i] = T.if_then_else(t0 + i < t_end, 1, 0)
-                                    if delta:
-                                        beta_s[slot, i] = T.if_then_else(t0 + i < t_end, beta_r[u, r], 0)
-                                if channel:
-                                    for e in T.unroll(K // 32):
-                                        d_s[slot, lane + 32 * e] = d_r[u, e]
-                                T.barrier_arrive(loaded[slot])
-                                fetch_gate_rows(u, c + GATE_AHEAD, g_r, beta_r, g_last, d_r, g, beta, lane, bb, bh,
-                                                t_start, t_end, tile0, n_chunks)
-                elif pingpong and not direct:  # Vd = exp(gc_last - gc) V (rows past the end zeroed) for the state group
-                    for c in T.serial(n_chunks):
-                        slot = c % stages
-                        T.barrier_wait(loaded[slot], (c // stages) % 2)
-                        T.barrier_wait(Vd_read[c % Vd_slots], (c // Vd_slots + 1) % 2)
-                        for i, j in T.Parallel(C, block_DV):
-                            Vd_s[c % Vd_slots, i, j] = ed_s[slot, i] * v_s[slot, i, j]
-                        T.fence_proxy_async()
-                        T.barrier_arrive(Vd_ready[c % Vd_slots])
-                        T.barrier_arrive(consumed[slot])
+                    tma_warp(smem, cta, q, k, v, A)
+                elif tx < 3 * GROUP + 64 and cfg.gate_warp:
+                    gate_warp(smem, cta, tx - (3 * GROUP + 32), g, beta)
+                elif cfg.vd_writers:  # the other two warps
+                    vd_writers(smem, cta)
 
     return chunk_fwd_ws
 
 
 def input_stages(K, block_DV, gate, delta, store_output):
     """Input slots (q, k, v, A or P, gc, beta, exp(gc_last) per chunk): as many as shared memory holds beside the
-    fixed buffers (S_s, Vd_s, Vnew_s, P_s), 2 to 4 (3 with the delta rule, whose chunk periods were measured there).
-    Three let the loads of chunk c + 2 overlap chunk c + 1 even when the output group lags a chunk behind; four
-    keep more bytes in flight per SM."""
-    direct = direct_v(gate, delta)
-    per_stage = 2 * CHUNK * (K * (1 + int(store_output)) + block_DV)  # q, k, v
-    per_stage += 4 * CHUNK * (2 * int(gate == "scalar") + int(not direct) + int(delta))  # gc, exp(gc); ed; beta
-    if delta or (gate == "channel" and store_output):
-        per_stage += 2 * CHUNK * CHUNK  # A or P
-    if gate == "channel":
-        per_stage += 4 * K  # D
-    fixed = 2 * 2 * K * block_DV * int(delta or store_output)  # S_s
-    fixed += 0 if direct else 2 * vd_slots(delta) * CHUNK * block_DV  # Vd_s
-    fixed += 2 * CHUNK * block_DV * (2 if block_DV <= 64 else 1) * int(delta and store_output)  # Vnew_s
-    fixed += 2 * CHUNK * CHUNK * (0 if gate == "channel" or not store_output else 1 if delta else 2)  # P_s
-    return max(2, min(3 if delta else 4, (SHARED_BYTES - fixed) // per_stage))
+    fixed buffers (S_s, Vd_s, Vnew_s, P_s), 2 to 4 (3 with the delta rule). Three let the loads of chunk c + 2
+    overlap chunk c + 1 even when the output group lags a chunk behind; four keep more bytes in flight per SM."""
+    return WsConfig.derive(K, block_DV, gate, delta, block_DV, store_output).stages
 
 
 def direct_v(gate, delta):
     """Whether the state group adds K^T V straight from the input slots (the plain update without a scalar gate:
-    Vd = V but for the rows past a sequence end, which go through K) instead of a written Vd_s."""
-    return not delta and gate != "scalar"
+    Vd = V but for the rows past a sequence end, which go through K) instead of a written Vd_s: plan.update_rule's
+    "plain"."""
+    return update_rule(gate, delta) == "plain"
 
 
 def vd_slots(delta):
