@@ -47,11 +47,12 @@ def _attention(q, k, v, g, g_kind, beta, needs_beta, scale, initial_state, outpu
                cu_seqlens_cpu, use_qk_l2norm_in_kernel=False):
     dims = V.check_attention(
         q=q, k=k, v=v, g=g, g_kind=g_kind, beta=beta, needs_beta=needs_beta,
-        scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu,
+        initial_state=initial_state, cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu,
     )
-    if use_qk_l2norm_in_kernel:
+    scale = dims.K ** -0.5 if scale is None else V.check_scale(scale)
+    output_final_state = V.check_flag("output_final_state", output_final_state)
+    if V.check_flag("use_qk_l2norm_in_kernel", use_qk_l2norm_in_kernel):
         q, k = _l2norm(q), _l2norm(k)
-    scale = dims.K ** -0.5 if scale is None else float(scale)
     hopper = _hopper(q, k, v, g, beta, initial_state, cu_seqlens)
     if hopper is not None and _hopper_covers(q.dtype, g_kind, needs_beta, dims):
         return _hopper_attention(hopper, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
@@ -262,7 +263,8 @@ def chunk_local_cumsum(
 ) -> torch.Tensor:
     """Inclusive prefix sum of g [B, T, H] or [B, T, H, K] inside each chunk of each sequence,
     in float32 (float64 for float64 input); ``scale`` multiplies it (log2(e) feeds exp2)."""
-    dims = V.check_cumsum(g, chunk_size, scale, cu_seqlens, cu_seqlens_cpu)
+    dims = V.check_cumsum(g, chunk_size, cu_seqlens, cu_seqlens_cpu)
+    scale = V.check_scale(scale)
     hopper = _hopper(g)
     if hopper is not None and g.dtype != torch.float64:
         return hopper.chunk_local_cumsum(g.contiguous(), chunk_size,

@@ -31,20 +31,22 @@ def compute_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
-def valid_mask(dims: Dims, chunk_size: int, device: torch.device) -> torch.Tensor:
-    """[N, Tp] mask of the real tokens in the packed layout, Tp = whole chunks (at least one)."""
+def valid_mask(dims: Dims, chunk_size: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """([N, Tp] mask of the real tokens in the packed layout, Tp = whole chunks (at least one), their flat
+    positions in it). Both are made on the host from the sequence bounds, so no value is read from the device."""
     lengths = torch.tensor([e - b for b, e in dims.seq_bounds], dtype=torch.int64)
     n_chunks = max(1, -(-int(lengths.max()) // chunk_size)) if len(lengths) else 1
     t = torch.arange(n_chunks * chunk_size)
-    return (t[None, :] < lengths[:, None]).to(device)
+    valid = t[None, :] < lengths[:, None]
+    return valid.to(device), valid.flatten().nonzero().squeeze(1).to(device)
 
 
-def pack(x: torch.Tensor, valid: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def pack(x: torch.Tensor, valid: tuple[torch.Tensor, torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
     """[B, T, ...] (dense rows or one varlen row) -> zero-padded [N, Tp, ...]."""
+    mask, index = valid
     flat = x.reshape(-1, *x.shape[2:]).to(dtype)
-    out = flat.new_zeros(*valid.shape, *x.shape[2:])
-    out[valid] = flat
-    return out
+    out = flat.new_zeros(mask.numel(), *x.shape[2:]).index_copy(0, index, flat)
+    return out.reshape(*mask.shape, *x.shape[2:])
 
 
 def pack_hold(x: torch.Tensor, valid: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -54,13 +56,13 @@ def pack_hold(x: torch.Tensor, valid: torch.Tensor, dtype: torch.dtype) -> torch
     never the exp(0 - gc_j) that a zero pad would give.
     """
     out = pack(x, valid, dtype)
-    last = (valid.cumsum(dim=1) - 1).clamp(min=0)
+    last = (valid[0].cumsum(dim=1) - 1).clamp(min=0)
     return out.gather(1, last.view(*last.shape, *([1] * (out.dim() - 2))).expand_as(out))
 
 
 def unpack(x: torch.Tensor, valid: torch.Tensor, dims: Dims, dtype: torch.dtype) -> torch.Tensor:
     """Inverse of ``pack``: [N, Tp, ...] -> [B, T, ...]."""
-    return x[valid].reshape(dims.B, dims.T, *x.shape[2:]).to(dtype)
+    return x.flatten(0, 1).index_select(0, valid[1]).reshape(dims.B, dims.T, *x.shape[2:]).to(dtype)
 
 
 def chunks(x: torch.Tensor, chunk_size: int) -> torch.Tensor:
