@@ -96,3 +96,82 @@ def test_skewed_varlen_against_token_recurrence(op):
     ref_o, ref_S = recurrent(op, x, cu_seqlens=cu, initial_state=h0)
     assert rel_l2(o, ref_o) < 1e-5 and rel_l2(S, ref_S) < 1e-5
     assert torch.equal(S[1], h0[1]) and torch.equal(S[12], h0[12])
+
+
+EXTREME_GATES = [float("-inf"), -1e30, -1e7, -104.0, -88.0]
+PLACEMENTS = {  # token positions given the extreme gate, in a [200, 70] varlen batch
+    "one": [130],
+    "several_in_a_chunk": [70, 75, 76, 90],
+    "whole_chunk": list(range(128, 192)),
+    "sequence_start": [200],
+}
+
+
+def extreme_gate_inputs(op, value, placement, dtype):
+    """Ordinary logsigmoid gates with `value` at the placement's tokens: on every head for a scalar gate, and for a
+    per-channel gate on every channel of head 0 and half the channels of the other heads."""
+    gate, _ = OPS[op]
+    x = inputs(270, H=2, HV=4, K=16, V=16, seed=3)
+    g = x[gate].double()
+    pos = PLACEMENTS[placement]
+    if gate == "g_scalar":
+        g[0, pos] = value
+    else:
+        g[0, pos, 0] = value
+        g[0, pos, 1:, ::2] = value
+    x[gate] = g.float()
+    for name in ("q", "k", "v"):
+        x[name] = x[name].to(dtype)
+    return x, g
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("placement", list(PLACEMENTS))
+@pytest.mark.parametrize("value", EXTREME_GATES, ids=str)
+@pytest.mark.parametrize("op", ["chunk_gated_delta_rule", "chunk_kda", "chunk_simple_gla", "chunk_gla"])
+def test_gates_whose_exp_underflows_reset_the_state_exactly(op, value, placement, dtype):
+    """-inf and finite gates down to -1e30 act as the token recurrence says (the state decays to exactly 0 there),
+    with no NaN and no loss of the small gates beside them; an initial state makes the reset visible."""
+    x, g64 = extreme_gate_inputs(op, value, placement, dtype)
+    cu = cu_of([200, 70])
+    h0 = torch.randn(2, 4, 16, 16, generator=torch.Generator().manual_seed(4))
+    o, S = run(op, x, cu_seqlens=cu, initial_state=h0, output_final_state=True)
+    ref_o, ref_S = recurrent(op, {**x, OPS[op][0]: g64}, cu_seqlens=cu, initial_state=h0)
+    assert torch.isfinite(o).all() and torch.isfinite(S).all()
+    assert rel_l2(o, ref_o) < (1e-5 if dtype == torch.float32 else 1e-2)
+    assert rel_l2(S, ref_S) < 1e-5
+
+
+@pytest.mark.parametrize("layer", ["chunked", "seq_split"])  # seq_in_grid and seq_in_loop share chunked's cumsum
+@pytest.mark.parametrize("placement", ["one", "several_in_a_chunk"])
+@pytest.mark.parametrize("value", EXTREME_GATES, ids=str)
+@pytest.mark.parametrize("gate", ["g_scalar", "g_channel"])
+def test_float64_reference_layers_are_exact_at_underflowing_gates(gate, value, placement, layer):
+    op = "chunk_gated_delta_rule" if gate == "g_scalar" else "chunk_kda"
+    x, g64 = extreme_gate_inputs(op, value, placement, torch.float64)
+    cu = cu_of([200, 70])
+    h0 = torch.randn(2, 4, 16, 16, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    kw = dict(g=g64, beta=x["beta"], initial_state=h0, cu_seqlens=cu)
+    ref_o, ref_S = reference.recurrent(x["q"], x["k"], x["v"], **kw)
+    o, S = getattr(reference, layer)(x["q"], x["k"], x["v"], **kw, chunk_size=32)
+    torch.testing.assert_close(o, ref_o, rtol=0, atol=1e-12)
+    torch.testing.assert_close(S, ref_S, rtol=0, atol=1e-12)
+
+
+def test_chunk_primitives_stay_finite_at_underflowing_gates():
+    """chunk_local_cumsum floors each gate, so kkt_solve on its output sees no -inf and no NaN, and equals the
+    float64 reference fed the same floored cumsum."""
+    x, _ = extreme_gate_inputs("chunk_gated_delta_rule", float("-inf"), "several_in_a_chunk", torch.float32)
+    cu = cu_of([200, 70])
+    gc = tilela.chunk_local_cumsum(x["g_scalar"], 64, cu)
+    ref_gc = reference.chunk_local_cumsum(x["g_scalar"], 64, cu)
+    assert torch.isfinite(gc).all() and rel_l2(gc, ref_gc) < 1e-6
+    A = tilela.kkt_solve(x["k"], x["beta"], gc, 64, cu)
+    assert torch.isfinite(A).all()
+    assert rel_l2(A, reference.kkt_solve(x["k"], x["beta"], ref_gc, 64, cu)) < 1e-5
+
+
+def test_nan_gate_stays_nan():
+    g = torch.tensor([[[-1.0], [float("nan")], [float("-inf")]]])
+    gc = tilela.chunk_local_cumsum(g)
+    assert gc[0, 0, 0] == -1.0 and gc[0, 1:].isnan().all()

@@ -11,6 +11,7 @@ Gamma_ij = exp(gc_i - gc_j) (i >= j, exponent never positive) and S0 the state e
     output:      O      = scale (Q ⊙ exp(gc)) S0 + P Vnew,   P = scale tril(Gamma ⊙ Q K^T)
     state:       S_next = exp(gc_last) S0 + (K ⊙ exp(gc_last - gc))^T Vnew
 
+The log gate is floored at ``tilela._gates.LOG_GATE_FLOOR`` before the cumsum (exact where exp underflows).
 Everything but the last three lines is independent of S0, so it runs once over all chunks of all sequences
 (``ChunkLayout``: chunks gathered from the token axis, no sequence padded to the longest); only the state
 recurrence walks the chunks in order, one step per chunk index, batched over the sequences that still have a full
@@ -30,6 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .._gates import floor_log_gate
 from .._validation import Dims
 from ..reference.chunk_math import gated_factors, ut_transform, wy_form
 
@@ -167,7 +169,8 @@ def chunk_attention(
     if g is None:
         gcs = [x.new_zeros(*x.shape[:-1], 1) for x in ks]
     else:
-        gcs = [head_major(x if x.dim() == 4 else x[..., None]).cumsum(dim=2) for x in lay.gather(g, cdt)]
+        gcs = [floor_log_gate(head_major(x if x.dim() == 4 else x[..., None])).cumsum(dim=2)
+               for x in lay.gather(g, cdt)]
     betas = [None] * len(qs) if beta is None else [head_major(x) for x in lay.gather(beta, cdt)]
 
     if initial_state is None:
@@ -196,9 +199,9 @@ def chunk_attention(
 
 
 def chunk_local_cumsum(g: torch.Tensor, chunk_size: int, scale: float | None, dims: Dims) -> torch.Tensor:
-    """Per-chunk inclusive prefix sum of g [B, T, H] or [B, T, H, K], restarting at every sequence."""
+    """Per-chunk inclusive prefix sum of the floored g [B, T, H] or [B, T, H, K], restarting at every sequence."""
     lay = ChunkLayout.of(dims, chunk_size, g.device)
-    parts = [x.cumsum(dim=1) for x in lay.gather(g, compute_dtype(g))]
+    parts = [floor_log_gate(x).cumsum(dim=1) for x in lay.gather(g, compute_dtype(g))]
     out = lay.scatter(parts, dims, tuple(g.shape[2:])).to(compute_dtype(g))
     return out if scale is None else out * scale
 
