@@ -142,11 +142,13 @@ def test_gates_whose_exp_underflows_reset_the_state_exactly(op, value, placement
     assert rel_l2(S, ref_S) < 1e-5
 
 
-@pytest.mark.parametrize("layer", ["chunked", "seq_split"])  # seq_in_grid and seq_in_loop share chunked's cumsum
-@pytest.mark.parametrize("placement", ["one", "several_in_a_chunk"])
-@pytest.mark.parametrize("value", EXTREME_GATES, ids=str)
+LAYER_CASES = [("chunked", value, placement) for value in EXTREME_GATES for placement in ("one", "several_in_a_chunk")]
+LAYER_CASES += [("seq_split", -1e30, "several_in_a_chunk")]  # the other layers share chunked's cumsum
+
+
+@pytest.mark.parametrize("layer,value,placement", LAYER_CASES, ids=[f"{a}-{b}-{c}" for a, b, c in LAYER_CASES])
 @pytest.mark.parametrize("gate", ["g_scalar", "g_channel"])
-def test_float64_reference_layers_are_exact_at_underflowing_gates(gate, value, placement, layer):
+def test_float64_reference_layers_are_exact_at_underflowing_gates(gate, layer, value, placement):
     op = "chunk_gated_delta_rule" if gate == "g_scalar" else "chunk_kda"
     x, g64 = extreme_gate_inputs(op, value, placement, torch.float64)
     cu = cu_of([200, 70])
@@ -175,3 +177,120 @@ def test_nan_gate_stays_nan():
     g = torch.tensor([[[-1.0], [float("nan")], [float("-inf")]]])
     gc = tilela.chunk_local_cumsum(g)
     assert gc[0, 0, 0] == -1.0 and gc[0, 1:].isnan().all()
+
+
+CONTAINMENT_LENGTHS = [40, 70, 30]
+
+
+def bad_inputs(op, name, value, t=90, head=1):
+    """Varlen [40, 70, 30], GVA 2 (H = 2, HV = 4), an initial state; `value` put into `name` at token t (sequence 1,
+    its token 50) on q/k head `head` (value heads 2 and 3) or value head `head`, one channel where it has some."""
+    x = inputs(sum(CONTAINMENT_LENGTHS), H=2, HV=4, K=16, V=16, seed=5)
+    gate, _ = OPS[op]
+    x["g"] = x.pop(gate) if gate else None
+    x["h0"] = torch.randn(3, 4, 16, 16, generator=torch.Generator().manual_seed(6))
+    clean = {n: (None if a is None else a.clone()) for n, a in x.items()}
+    if x[name].dim() == 4:
+        x[name][0, t, head, 3] = value
+    else:
+        x[name][0, t, head] = value
+    return clean, x
+
+
+def call(op, x, **kw):
+    gate, uses_beta = OPS[op]
+    args = [x["q"], x["k"], x["v"]] + ([x["g"]] if gate else []) + ([x["beta"]] if uses_beta else [])
+    return getattr(tilela, op)(*args, initial_state=x["h0"], output_final_state=True, cu_seqlens=cu_of(
+        CONTAINMENT_LENGTHS), **kw)
+
+
+BAD_CASES = [(op, name, value) for op, (gate, uses_beta) in OPS.items()
+             for name in ["q", "k", "v"] + (["g"] if gate else []) + (["beta"] if uses_beta else [])
+             for value in ([float("nan"), float("inf")] if name == "g" else [float("nan"), float("-inf")])]
+
+
+@pytest.mark.parametrize("op,name,value", BAD_CASES, ids=[f"{o}-{n}-{v}" for o, n, v in BAD_CASES])
+def test_non_finite_input_reaches_only_what_the_recurrence_reaches(op, name, value):
+    """A non-finite value reaches its own sequence and the value heads that read it, forward in time only: the
+    tokens (and final states) the token recurrence makes non-finite, and nothing else; all other outputs equal
+    those of the clean input bit for bit."""
+    clean, x = bad_inputs(op, name, value)
+    o, S = call(op, x)
+    o_clean, S_clean = call(op, clean)
+    gate, uses_beta = OPS[op]
+    ref_o, ref_S = reference.recurrent(x["q"], x["k"], x["v"], g=x["g"], beta=x["beta"] if uses_beta else None,
+                                       initial_state=x["h0"], cu_seqlens=cu_of(CONTAINMENT_LENGTHS))
+    hit = ~torch.isfinite(o).all(-1)
+    assert torch.equal(hit, ~torch.isfinite(ref_o).all(-1))
+    assert torch.equal(~torch.isfinite(S).all(-1).all(-1), ~torch.isfinite(ref_S).all(-1).all(-1))
+    heads = [1] if name in ("v", "g", "beta") else [2, 3]
+    expected_hit = torch.zeros_like(hit)
+    expected_hit[0, 90:91 if name == "q" else 110, heads] = True
+    assert torch.equal(hit, expected_hit)
+    assert torch.equal(o[~hit], o_clean[~hit])
+    finite_S = torch.isfinite(S).all(-1).all(-1)
+    assert torch.equal(S[finite_S], S_clean[finite_S])
+
+
+def test_non_finite_initial_state_stays_in_its_sequence_and_head():
+    clean, x = bad_inputs("chunk_gated_delta_rule", "q", 1.0)
+    x["q"] = clean["q"]
+    x["h0"][1, 2, 5, 7] = float("nan")
+    o, S = call("chunk_gated_delta_rule", x)
+    o_clean, S_clean = call("chunk_gated_delta_rule", clean)
+    hit = ~torch.isfinite(o).all(-1)
+    expected_hit = torch.zeros_like(hit)
+    expected_hit[0, 40:110, 2] = True  # sequence 1, value head 2
+    assert torch.equal(hit, expected_hit) and torch.equal(o[~hit], o_clean[~hit])
+    assert S[1, 2].isnan().any() and torch.equal(S[1, :2], S_clean[1, :2]) and torch.equal(S[0], S_clean[0])
+
+
+CHECKED = [  # op, tensor, position, words of the message
+    ("chunk_gated_delta_rule", "q", (0, 90, 1, 3), ["q:", "nan", "batch 0, token 90, head 1, channel 3",
+                                                   "sequence 1, its token 50"]),
+    ("chunk_gated_delta_rule", "g", (0, 5, 2), ["g:", "inf", "batch 0, token 5, head 2]", "sequence 0, its token 5"]),
+    ("chunk_kda", "g", (0, 139, 0, 15), ["g:", "nan", "token 139, head 0, channel 15", "sequence 2, its token 29"]),
+    ("chunk_delta_rule", "beta", (0, 0, 3), ["beta:", "token 0, head 3"]),
+    ("chunk_linear_attn", "v", (0, 40, 0, 0), ["v:", "token 40, head 0, channel 0", "sequence 1, its token 0"]),
+    ("chunk_gla", "h0", (2, 1, 4, 5), ["initial_state:", "sequence 2, head 1, key 4, value 5"]),
+]
+
+
+@pytest.mark.parametrize("op,name,position,words", CHECKED)
+def test_check_finite_names_the_tensor_and_the_first_bad_position(op, name, position, words):
+    x = bad_inputs(op, "q", 1.0)[0]
+    x[name][position] = float("inf") if "inf" in words else float("nan")
+    call(op, x)  # off by default
+    with pytest.raises(ValueError) as info:
+        call(op, x, check_finite=True)
+    for w in words:
+        assert w in str(info.value), (w, str(info.value))
+
+
+def test_check_finite_reports_the_first_of_several():
+    x = bad_inputs("chunk_gated_delta_rule", "k", float("nan"), t=100)[1]
+    x["k"][0, 60, 0, 7] = float("-inf")
+    x["v"][0, 2, 0, 0] = float("nan")  # v comes after k in the argument order
+    with pytest.raises(ValueError, match=r"^k: .* got -inf at \[batch 0, token 60, head 0, channel 7\]"):
+        call("chunk_gated_delta_rule", x, check_finite=True)
+
+
+def test_check_finite_passes_clean_inputs_and_reset_gates():
+    x = bad_inputs("chunk_gated_delta_rule", "g", float("-inf"))[1]
+    assert all(torch.equal(a, b) for a, b in zip(call("chunk_gated_delta_rule", x, check_finite=True),
+                                                 call("chunk_gated_delta_rule", x)))
+    with pytest.raises(TypeError, match="check_finite: expected a bool, got str"):
+        call("chunk_gated_delta_rule", x, check_finite="yes")
+
+
+def test_check_finite_on_the_primitives():
+    x = bad_inputs("chunk_gated_delta_rule", "k", 0.0)[0]
+    cu = cu_of(CONTAINMENT_LENGTHS)
+    g = x["g"].clone()
+    g[0, 45, 1] = float("nan")
+    with pytest.raises(ValueError, match=r"g: .* nan at \[batch 0, token 45, head 1\] \(sequence 1, its token 5\)"):
+        tilela.chunk_local_cumsum(g, 64, cu, check_finite=True)
+    beta = x["beta"].clone()
+    beta[0, 3, 0] = float("inf")
+    with pytest.raises(ValueError, match=r"beta: .* inf at \[batch 0, token 3, head 0\]"):
+        tilela.kkt_solve(x["k"], beta, None, 64, cu, check_finite=True)

@@ -258,3 +258,48 @@ def check_cumsum(g, chunk_size, cu_seqlens, cu_seqlens_cpu) -> Dims:
     seq_bounds = check_cu_seqlens(cu_seqlens, cu_seqlens_cpu, B, T)
     _same_device({"g": g, "cu_seqlens": cu_seqlens})
     return Dims(B=B, T=T, H=H, HV=H, K=K, V=0, N=len(seq_bounds), seq_bounds=seq_bounds)
+
+
+_AXES = {  # names of the axes of each checked tensor, by argument and rank
+    ("q", 4): ("batch", "token", "head", "channel"), ("k", 4): ("batch", "token", "head", "channel"),
+    ("v", 4): ("batch", "token", "head", "channel"), ("g", 3): ("batch", "token", "head"),
+    ("g", 4): ("batch", "token", "head", "channel"), ("beta", 3): ("batch", "token", "head"),
+    ("initial_state", 4): ("sequence", "head", "key", "value"),
+}
+
+
+def non_finite(name: str, x: torch.Tensor) -> torch.Tensor:
+    """The entries of ``x`` that are not admissible values: NaN and ±inf, except that a log gate ``g`` may be -inf
+    (a state reset; docs/exactness.md)."""
+    if name == "g":
+        return torch.isnan(x) | (x == float("inf"))
+    return ~torch.isfinite(x)
+
+
+def check_finite(enabled, named: dict[str, torch.Tensor | None], seq_bounds: tuple[tuple[int, int], ...]) -> None:
+    """The ``check_finite`` switch (a bool); when on, raise ValueError naming the first tensor (in ``named``'s order)
+    that holds a non-finite value (``non_finite``) and the position of its first one: (batch, token, head[,
+    channel]), and for varlen inputs the sequence and the token within it. One device-to-host copy for all tensors
+    together (so it is opt-in); meta tensors hold no values and pass."""
+    if not check_flag("check_finite", enabled):
+        return
+    present = {n: t for n, t in named.items() if t is not None and t.device.type != "meta" and t.numel()}
+    if not present:
+        return
+    found = []
+    for name, t in present.items():
+        bad = non_finite(name, t).flatten()
+        found += [bad.any(), bad.to(torch.uint8).argmax()]
+    flags = torch.stack([f.to(torch.int64) for f in found]).tolist()
+    for (name, t), any_bad, flat in zip(present.items(), flags[::2], flags[1::2]):
+        if not any_bad:
+            continue
+        position = list(torch.unravel_index(torch.tensor(flat), t.shape))
+        axes = _AXES[name, t.dim()]
+        where = "[" + ", ".join(f"{a} {int(i)}" for a, i in zip(axes, position)) + "]"
+        if axes[0] == "batch" and len(seq_bounds) > 1 and t.shape[0] == 1:
+            token = int(position[1])
+            n = next(n for n, (bos, eos) in enumerate(seq_bounds) if bos <= token < eos)
+            where += f" (sequence {n}, its token {token - seq_bounds[n][0]})"
+        value = t.flatten()[flat].item()
+        raise ValueError(f"{name}: expected finite values (check_finite=True), got {value} at {where}")

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from .._gates import floor_log_gate
-from .._validation import Dims
+from .._validation import Dims, non_finite
 from ..reference.chunk_math import gated_factors, ut_transform, wy_form
 
 CHUNK = 64
@@ -147,6 +147,33 @@ def state_step(S, W, U, Qg, Kd, P, decay):
     return Qg @ S + P @ Vnew, decay * S + Kd.transpose(-1, -2) @ Vnew
 
 
+def cleaned(name: str, x: torch.Tensor | None, G: int = 1) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(x with its non-finite entries (``_validation.non_finite``) set to 0, [B, T, HV] mask of the tokens that
+    held one, q/k heads repeated G times), or (None, None)."""
+    if x is None:
+        return None, None
+    bad = non_finite(name, x)
+    token_bad = (bad if x.dim() == 3 else bad.any(-1)).repeat_interleave(G, dim=2)
+    return torch.where(bad, torch.zeros((), dtype=x.dtype, device=x.device), x), token_bad
+
+
+def reached(bad: torch.Tensor, dims: Dims) -> tuple[torch.Tensor, torch.Tensor]:
+    """For bad [B, T, HV]: ([B, T, HV] whether a bad token precedes or is each token in its sequence, [N, HV]
+    whether sequence n holds one)."""
+    device = bad.device
+    nonempty = [(n, b, e) for n, (b, e) in enumerate(dims.seq_bounds) if e > b]
+    start = torch.repeat_interleave(torch.tensor([b for _, b, _ in nonempty], dtype=torch.int64),
+                                    torch.tensor([e - b for _, b, e in nonempty], dtype=torch.int64)).to(device)
+    flat = bad.reshape(dims.B * dims.T, dims.HV).to(torch.int32)
+    count = flat.cumsum(0, dtype=torch.int32)
+    reach = count > (count - flat).index_select(0, start)
+    rows, last = (torch.tensor(col, dtype=torch.int64).to(device) for col in
+                  ([n for n, _, _ in nonempty], [e - 1 for _, _, e in nonempty]))
+    held = torch.zeros(dims.N, dims.HV, dtype=torch.bool, device=device).index_copy(0, rows,
+                                                                                    reach.index_select(0, last))
+    return reach.reshape(bad.shape), held
+
+
 def chunk_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -158,11 +185,23 @@ def chunk_attention(
     output_final_state: bool,
     dims: Dims,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Chunked forward of the general gated (delta) rule; inputs validated by the caller."""
+    """Chunked forward of the general gated (delta) rule; inputs validated by the caller.
+
+    Non-finite inputs are set to 0 for the arithmetic and their reach marked NaN afterwards, as the recurrence
+    carries them: a bad q_t makes o_t NaN; a bad k_t, v_t, beta_t or g_t (NaN, ±inf; g = -inf is a reset) every
+    o_t' with t' >= t of its sequence and value heads, and their final state. So nothing spreads backwards in time,
+    as the chunk form's products with the causal mask's zeros would make it."""
     cdt = compute_dtype(q)
     C = CHANNEL_CHUNK if g is not None and g.dim() == 4 else CHUNK
     lay = ChunkLayout.of(dims, C, q.device)
     G = dims.HV // dims.H
+    (q, q_bad), (k, k_bad), (v, v_bad) = cleaned("q", q, G), cleaned("k", k, G), cleaned("v", v)
+    (g, g_bad), (beta, beta_bad) = cleaned("g", g), cleaned("beta", beta)
+    enters_state = k_bad | v_bad
+    for mask in (g_bad, beta_bad):
+        if mask is not None:
+            enters_state = enters_state | mask
+    state_bad, final_bad = reached(enters_state, dims)
     qs = [head_major(x, G) for x in lay.gather(q, cdt)]
     ks = [head_major(x, G) for x in lay.gather(k, cdt)]
     vs = [head_major(x) for x in lay.gather(v, cdt)]
@@ -192,10 +231,12 @@ def chunk_attention(
             o, S_last = state_step(S.index_select(0, ranks), *factors)
             S = S.index_copy(0, ranks, S_last)
         outputs.append(token_major(o))
-    out = lay.scatter(outputs, dims, (dims.HV, dims.V)).to(v.dtype)
+    nan = torch.full((), float("nan"), dtype=v.dtype, device=v.device)
+    out = torch.where((q_bad | state_bad)[..., None], nan, lay.scatter(outputs, dims, (dims.HV, dims.V)).to(v.dtype))
     if not output_final_state:
         return out, None
-    return out, torch.empty_like(S).index_copy(0, lay.order, S)
+    S = torch.empty_like(S).index_copy(0, lay.order, S)
+    return out, torch.where(final_bad[..., None, None], nan.to(S.dtype), S)
 
 
 def chunk_local_cumsum(g: torch.Tensor, chunk_size: int, scale: float | None, dims: Dims) -> torch.Tensor:
