@@ -294,3 +294,24 @@ def test_check_finite_on_the_primitives():
     beta[0, 3, 0] = float("inf")
     with pytest.raises(ValueError, match=r"beta: .* inf at \[batch 0, token 3, head 0\]"):
         tilela.kkt_solve(x["k"], beta, None, 64, cu, check_finite=True)
+
+
+@pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
+@pytest.mark.parametrize("op", list(OPS))
+def test_reruns_are_bitwise_identical(op, varlen):
+    lengths = [1, 150, 0, 77, 64, 130]
+    x = inputs(sum(lengths) if varlen else 2 * 150, H=2, HV=4, K=16, V=32, seed=7)
+    if not varlen:
+        x = {n: t.reshape(2, 150, *t.shape[2:]) for n, t in x.items()}
+    N = len(lengths) if varlen else 2
+    kw = dict(cu_seqlens=cu_of(lengths)) if varlen else {}
+    h0 = torch.randn(N, 4, 16, 32, generator=torch.Generator().manual_seed(8))
+    first = run(op, x, initial_state=h0, output_final_state=True, **kw)
+    second = run(op, {n: t.clone() for n, t in x.items()}, initial_state=h0.clone(), output_final_state=True, **kw)
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
+    if varlen:
+        g = x["g_scalar"]
+        assert torch.equal(tilela.chunk_local_cumsum(g, 32, kw["cu_seqlens"]),
+                           tilela.chunk_local_cumsum(g.clone(), 32, kw["cu_seqlens"]))
+        assert torch.equal(tilela.kkt_solve(x["k"], x["beta"], None, 32, kw["cu_seqlens"]),
+                           tilela.kkt_solve(x["k"].clone(), x["beta"].clone(), None, 32, kw["cu_seqlens"]))
