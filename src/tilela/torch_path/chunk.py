@@ -105,6 +105,10 @@ class ChunkLayout:
             flat = torch.cat([flat, flat.new_zeros(1, *flat.shape[1:])])
         return [flat[(grp.hold if hold else grp.index)] for grp in self.groups]
 
+    def heads(self, x: torch.Tensor, dtype: torch.dtype, G: int = 1) -> list[torch.Tensor]:
+        """``gather`` (pads 0), head-major: per group [n, H * G, P, ...] (value head h reads head h // G)."""
+        return [head_major(part, G) for part in self.gather(x, dtype)]
+
     def scatter(self, parts: list[torch.Tensor], dims: Dims, trailing: tuple[int, ...]) -> torch.Tensor:
         """Per group [n, P, *trailing] -> [B, T, *trailing]: each token's slot (pads dropped)."""
         if not parts:  # no token at all
@@ -121,6 +125,17 @@ def head_major(x: torch.Tensor, G: int = 1) -> torch.Tensor:
 def token_major(x: torch.Tensor) -> torch.Tensor:
     """[n, HV, P, ...] -> [n, P, HV, ...]."""
     return x.transpose(1, 2)
+
+
+def gate_groups(lay: ChunkLayout, g: torch.Tensor | None, like: list[torch.Tensor], dtype: torch.dtype,
+                raw: bool) -> list[torch.Tensor]:
+    """The chunk-local cumsum gc per group as [n, HV, P, Kg] (Kg = 1 for a scalar gate; zeros, shaped as ``like``'s
+    groups, without a gate). raw: g is the log gate, floored and summed here; else g is already gc, and a pad holds
+    its chunk's last value (so no Gamma of a pad row exceeds 1)."""
+    if g is None:
+        return [x.new_zeros(*x.shape[:-1], 1) for x in like]
+    parts = [head_major(x if x.dim() == 4 else x[..., None]) for x in lay.gather(g, dtype, hold=not raw)]
+    return [floor_log_gate(x).cumsum(dim=2) for x in parts] if raw else parts
 
 
 def slabs(n: int, per_chunk: int) -> list[slice]:
@@ -202,15 +217,9 @@ def chunk_attention(
         if mask is not None:
             enters_state = enters_state | mask
     state_bad, final_bad = reached(enters_state, dims)
-    qs = [head_major(x, G) for x in lay.gather(q, cdt)]
-    ks = [head_major(x, G) for x in lay.gather(k, cdt)]
-    vs = [head_major(x) for x in lay.gather(v, cdt)]
-    if g is None:
-        gcs = [x.new_zeros(*x.shape[:-1], 1) for x in ks]
-    else:
-        gcs = [floor_log_gate(head_major(x if x.dim() == 4 else x[..., None])).cumsum(dim=2)
-               for x in lay.gather(g, cdt)]
-    betas = [None] * len(qs) if beta is None else [head_major(x) for x in lay.gather(beta, cdt)]
+    qs, ks, vs = lay.heads(q, cdt, G), lay.heads(k, cdt, G), lay.heads(v, cdt)
+    gcs = gate_groups(lay, g, ks, cdt, raw=True)
+    betas = [None] * len(qs) if beta is None else lay.heads(beta, cdt)
 
     if initial_state is None:
         S = q.new_zeros(dims.N, dims.HV, dims.K, dims.V, dtype=cdt)
@@ -250,22 +259,16 @@ def chunk_local_cumsum(g: torch.Tensor, chunk_size: int, scale: float | None, di
 def kkt_solve(k: torch.Tensor, beta: torch.Tensor, g: torch.Tensor | None, chunk_size: int, dims: Dims) -> torch.Tensor:
     """Per chunk A = (I + strictLower(diag(beta) (Gamma ⊙ K K^T)))^-1, laid out [B, T, HV, C].
 
-    g is the chunk-local cumsum of the log gate (as ``chunk_local_cumsum`` returns), or None; a pad holds its
-    chunk's last gc, so no Gamma of a pad row exceeds 1. Row t holds row i (t's index inside its chunk); columns
-    past the chunk's end are 0.
+    g is the chunk-local cumsum of the log gate (as ``chunk_local_cumsum`` returns), or None. Row t holds row i
+    (t's index inside its chunk); columns past the chunk's end are 0.
     """
     C = chunk_size
     cdt = compute_dtype(k)
     lay = ChunkLayout.of(dims, C, k.device)
     G = dims.HV // dims.H
-    ks = [head_major(x, G) for x in lay.gather(k, cdt)]
-    betas = [head_major(x) for x in lay.gather(beta, cdt)]
-    if g is None:
-        gcs = [x.new_zeros(*x.shape[:-1], 1) for x in ks]
-    else:
-        gcs = [head_major(x if x.dim() == 4 else x[..., None]) for x in lay.gather(g, cdt, hold=True)]
+    ks = lay.heads(k, cdt, G)
     parts = []
-    for kc, bc, gc in zip(ks, betas, gcs):
+    for kc, bc, gc in zip(ks, lay.heads(beta, cdt), gate_groups(lay, g, ks, cdt, raw=False)):
         A = ut_transform(kc, bc, gc)  # [n, HV, P, P]
         parts.append(token_major(torch.nn.functional.pad(A, (0, C - A.shape[-1]))))
     return lay.scatter(parts, dims, (dims.HV, C)).to(k.dtype)
