@@ -196,3 +196,23 @@ def test_meta_primitives():
     A = tilela.kkt_solve(torch.empty(1, 100, H, K, device="meta"), torch.empty(1, 100, HV, device="meta"), gc, 32,
                          **kw)
     assert A.device.type == "meta" and A.shape == (1, 100, HV, 32)
+
+
+@pytest.mark.parametrize("varlen", [False, True])
+def test_fake_tensors_trace_without_reading_values(varlen):
+    """Under FakeTensorMode (what tracing runs) the PyTorch path reads no value: no data-dependent shape, the
+    boundaries from their real host copy; without that copy a clear error."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    cu = torch.tensor([0, 1, 70, 100])
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    with mode:
+        q, v = torch.empty(1, 100, H, K), torch.empty(1, 100, HV, V)
+        g, beta = torch.empty(1, 100, HV, K), torch.empty(1, 100, HV)
+        kw = dict(cu_seqlens=mode.from_tensor(cu), cu_seqlens_cpu=cu) if varlen else {}
+        o, S = tilela.chunk_kda(q, q, v, g, beta, output_final_state=True, check_finite=True, **kw)
+        assert o.shape == (1, 100, HV, V) and S.shape == (3 if varlen else 1, HV, K, V)
+        assert tilela.kkt_solve(q, beta, None, 32, **kw).shape == (1, 100, HV, 32)
+        if varlen:
+            with pytest.raises(ValueError, match="cu_seqlens: a meta or fake tensor has no values"):
+                tilela.chunk_kda(q, q, v, g, beta, cu_seqlens=kw["cu_seqlens"])

@@ -74,13 +74,20 @@ def _same_device(named: dict[str, torch.Tensor | None]) -> None:
             raise ValueError(f"{n}: expected device {first.device} (as {first_name}), got {t.device}")
 
 
+def has_values(t: torch.Tensor) -> bool:
+    """Whether t's values can be read: not a meta tensor, nor a fake one (shapes only, as under tracing)."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    return t.device.type != "meta" and not is_fake(t)
+
+
 def check_cu_seqlens(cu_seqlens, cu_seqlens_cpu, B: int, T: int) -> tuple[tuple[int, int], ...]:
     """Validate varlen boundaries and return them as host (bos, eos) pairs.
 
     The values are read from ``cu_seqlens_cpu`` when given, from ``cu_seqlens`` when it lives on the host, and
     otherwise with one device-to-host copy. When both live on the host they must be equal; a device-resident
     ``cu_seqlens`` is trusted to equal ``cu_seqlens_cpu`` (comparing them would cost the copy it exists to avoid).
-    On the meta device ``cu_seqlens`` has no values, so ``cu_seqlens_cpu`` is required there.
+    A meta or fake ``cu_seqlens`` has no values, so ``cu_seqlens_cpu`` is required there.
     """
     if cu_seqlens is None:
         if cu_seqlens_cpu is not None:
@@ -99,14 +106,16 @@ def check_cu_seqlens(cu_seqlens, cu_seqlens_cpu, B: int, T: int) -> tuple[tuple[
     if cu_seqlens_cpu is not None and cu_seqlens_cpu.shape != cu_seqlens.shape:
         raise ValueError(f"cu_seqlens_cpu: expected shape {_shape(cu_seqlens)} (as cu_seqlens), "
                          f"got {_shape(cu_seqlens_cpu)}")
-    if cu_seqlens_cpu is None and cu_seqlens.device.type == "meta":
-        raise ValueError("cu_seqlens: a meta tensor has no values to read the boundaries from; pass their host copy "
-                         "as cu_seqlens_cpu")
+    if cu_seqlens_cpu is None and not has_values(cu_seqlens):
+        raise ValueError("cu_seqlens: a meta or fake tensor has no values to read the boundaries from; pass their "
+                         "host copy as cu_seqlens_cpu")
+    if cu_seqlens_cpu is not None and not has_values(cu_seqlens_cpu):
+        raise ValueError("cu_seqlens_cpu: expected a host tensor with values, got a fake tensor")
     if B != 1:
         raise ValueError(f"cu_seqlens: varlen inputs are packed along T, so the batch size must be 1; got B = {B}")
     host = cu_seqlens_cpu if cu_seqlens_cpu is not None else cu_seqlens
     values = [int(x) for x in host.tolist()]
-    if cu_seqlens_cpu is not None and cu_seqlens.device.type == "cpu":
+    if cu_seqlens_cpu is not None and cu_seqlens.device.type == "cpu" and has_values(cu_seqlens):
         for i, (a, b) in enumerate(zip(cu_seqlens.tolist(), values)):
             if a != b:
                 raise ValueError(f"cu_seqlens, cu_seqlens_cpu: expected equal values (both are on the host), got "
@@ -280,10 +289,10 @@ def check_finite(enabled, named: dict[str, torch.Tensor | None], seq_bounds: tup
     """The ``check_finite`` switch (a bool); when on, raise ValueError naming the first tensor (in ``named``'s order)
     that holds a non-finite value (``non_finite``) and the position of its first one: (batch, token, head[,
     channel]), and for varlen inputs the sequence and the token within it. One device-to-host copy for all tensors
-    together (so it is opt-in); meta tensors hold no values and pass."""
+    together (so it is opt-in); meta and fake tensors hold no values and pass."""
     if not check_flag("check_finite", enabled):
         return
-    present = {n: t for n, t in named.items() if t is not None and t.device.type != "meta" and t.numel()}
+    present = {n: t for n, t in named.items() if t is not None and has_values(t) and t.numel()}
     if not present:
         return
     found = []

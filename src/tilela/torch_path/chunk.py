@@ -21,8 +21,8 @@ the number of tokens (plus at most one padded chunk per sequence), whatever the 
 
 A padded token has k = v = beta = g = 0 and so leaves the state untouched. Arithmetic runs in float32 (float64 for
 float64 inputs). The chunk identities are ``tilela.reference.chunk_math``'s, run in the compute dtype; this is
-what runs where no Hopper GPU is present. Every index is built on the host from the sequence bounds, so no value
-is read back from the device (meta tensors flow through).
+what runs where no Hopper GPU is present. Every index is built on the host from the sequence bounds, with no
+data-dependent shape, so no value is read back from the device (meta and fake tensors flow through).
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ class ChunkLayout:
             if length[n] % C:
                 tail = length[n] % C
                 tails.setdefault(1 << (tail - 1).bit_length(), []).append((bos[n] + length[n] - tail, tail, r))
-        groups, slot, filled = [], torch.empty(pad, dtype=torch.int64), 0
+        groups, slot, filled = [], torch.empty(pad + 1, dtype=torch.int64), 0  # slot[pad]: where the pads write
         for P, chunks in [(C, full), *sorted(tails.items())]:
             if not chunks:
                 continue
@@ -91,12 +91,12 @@ class ChunkLayout:
             pos = torch.arange(P, dtype=torch.int64)
             real = pos < count[:, None]
             tokens = first[:, None] + pos
-            slot[tokens[real]] = filled + torch.arange(len(chunks) * P).reshape(-1, P)[real]
+            index = torch.where(real, tokens, pad)
+            slot[index.flatten()] = filled + torch.arange(len(chunks) * P)
             filled += len(chunks) * P
-            groups.append(ChunkGroup(torch.where(real, tokens, pad).to(device),
-                                     torch.where(real, tokens, (first + count - 1)[:, None]).to(device),
-                                     ranks.to(device)))
-        return cls(torch.tensor(order, dtype=torch.int64).to(device), steps, tuple(groups), slot.to(device))
+            hold = torch.where(real, tokens, (first + count - 1)[:, None])
+            groups.append(ChunkGroup(index.to(device), hold.to(device), ranks.to(device)))
+        return cls(torch.tensor(order, dtype=torch.int64).to(device), steps, tuple(groups), slot[:pad].to(device))
 
     def gather(self, x: torch.Tensor, dtype: torch.dtype, hold: bool = False) -> list[torch.Tensor]:
         """x [B, T, ...] -> per group [n, P, ...] in dtype; a pad is 0 (hold=True: its chunk's last value)."""
@@ -178,7 +178,8 @@ def reached(bad: torch.Tensor, dims: Dims) -> tuple[torch.Tensor, torch.Tensor]:
     device = bad.device
     nonempty = [(n, b, e) for n, (b, e) in enumerate(dims.seq_bounds) if e > b]
     start = torch.repeat_interleave(torch.tensor([b for _, b, _ in nonempty], dtype=torch.int64),
-                                    torch.tensor([e - b for _, b, e in nonempty], dtype=torch.int64)).to(device)
+                                    torch.tensor([e - b for _, b, e in nonempty], dtype=torch.int64),
+                                    output_size=dims.B * dims.T).to(device)
     flat = bad.reshape(dims.B * dims.T, dims.HV).to(torch.int32)
     count = flat.cumsum(0, dtype=torch.int32)
     reach = count > (count - flat).index_select(0, start)
