@@ -1,6 +1,7 @@
 """Bad inputs raise ValueError/TypeError at the public boundary, naming the argument, what was
 expected and what came."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -10,9 +11,11 @@ B, T, H, HV, K, V = 1, 10, 2, 4, 8, 6
 
 
 def good():
+    gen = torch.Generator().manual_seed(0)
     return dict(
-        q=torch.randn(B, T, H, K), k=torch.randn(B, T, H, K), v=torch.randn(B, T, HV, V),
-        g=torch.randn(B, T, HV), beta=torch.rand(B, T, HV),
+        q=torch.randn(B, T, H, K, generator=gen), k=torch.randn(B, T, H, K, generator=gen),
+        v=torch.randn(B, T, HV, V, generator=gen), g=-torch.rand(B, T, HV, generator=gen),
+        beta=torch.rand(B, T, HV, generator=gen),
     )
 
 
@@ -39,6 +42,20 @@ CASES = [
     (dict(q=[1.0]), TypeError, ["q", "torch.Tensor", "list"]),
     (dict(beta=torch.rand(B, T, HV).bool()), TypeError, ["beta", "bool"]),
     (dict(scale="0.5"), TypeError, ["scale", "str"]),
+    (dict(scale=True), TypeError, ["scale", "real number", "bool"]),
+    (dict(scale=float("nan")), ValueError, ["scale", "finite", "nan"]),
+    (dict(scale=float("inf")), ValueError, ["scale", "finite", "inf"]),
+    (dict(scale=np.float32("-inf")), ValueError, ["scale", "finite", "-inf"]),
+    (dict(scale=torch.tensor([0.5])), TypeError, ["scale", "1-d", "float32"]),
+    (dict(scale=torch.tensor(True)), TypeError, ["scale", "0-d", "bool"]),
+    (dict(scale=torch.tensor(0.5, device="meta")), ValueError, ["scale", "host", "meta"]),
+    (dict(output_final_state="yes"), TypeError, ["output_final_state", "bool", "str"]),
+    (dict(output_final_state=1), TypeError, ["output_final_state", "bool", "int"]),
+    (dict(use_qk_l2norm_in_kernel="yes"), TypeError, ["use_qk_l2norm_in_kernel", "bool", "str"]),
+    (dict(use_qk_l2norm_in_kernel=torch.tensor(True)), TypeError, ["use_qk_l2norm_in_kernel", "bool", "Tensor"]),
+    (dict(cu_seqlens=torch.tensor([0, 6, 10]), cu_seqlens_cpu=torch.tensor([0, 4, 10])), ValueError,
+     ["cu_seqlens, cu_seqlens_cpu", "equal", "cu_seqlens[1] = 6", "cu_seqlens_cpu[1] = 4"]),
+    (dict(cu_seqlens=torch.tensor([0, 4, 10], device="meta")), ValueError, ["cu_seqlens", "meta", "cu_seqlens_cpu"]),
     (dict(cu_seqlens=torch.tensor([0.0, 4.0, 10.0])), TypeError, ["cu_seqlens", "integer", "float32"]),
     (dict(cu_seqlens=torch.tensor([1, 4, 10])), ValueError, ["cu_seqlens", "cu_seqlens[0] == 0", "got 1"]),
     (dict(cu_seqlens=torch.tensor([0, 6, 4, 10])), ValueError, ["cu_seqlens", "non-decreasing", "cu_seqlens[2] = 4"]),
@@ -99,8 +116,12 @@ def test_kkt_solve_validation(kw, exc, match):
 def test_chunk_local_cumsum_validation():
     with pytest.raises(ValueError, match="g: expected a 3-d"):
         tilela.chunk_local_cumsum(torch.randn(4, 4))
-    with pytest.raises(TypeError, match="scale: expected a float"):
+    with pytest.raises(TypeError, match="scale: expected a real number or None, got str"):
         tilela.chunk_local_cumsum(torch.randn(1, 4, 2), scale="e")
+    with pytest.raises(ValueError, match="scale: expected a finite number, got nan"):
+        tilela.chunk_local_cumsum(torch.randn(1, 4, 2), scale=float("nan"))
+    g = torch.randn(1, 4, 2)
+    assert torch.equal(tilela.chunk_local_cumsum(g, scale=np.float32(0.5)), tilela.chunk_local_cumsum(g, scale=0.5))
 
 
 def test_cpu_copy_of_cu_seqlens_is_what_gets_checked():
@@ -108,3 +129,90 @@ def test_cpu_copy_of_cu_seqlens_is_what_gets_checked():
     with pytest.raises(ValueError, match="cu_seqlens_cpu: expected shape"):
         tilela.chunk_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"], cu_seqlens=torch.tensor([0, 4, 10]),
                                       cu_seqlens_cpu=torch.tensor([0, 10]))
+
+
+@pytest.mark.parametrize("scale", [np.float32(0.25), np.float64(0.25), np.float16(0.25), torch.tensor(0.25),
+                                   torch.tensor(0.25, dtype=torch.float64), np.int64(2), 2])
+def test_numpy_and_torch_scalars_are_numbers(scale):
+    o, _ = gdn(scale=scale)
+    assert torch.equal(o, gdn(scale=float(scale))[0])
+
+
+def test_negative_scale_negates_the_output():
+    o, S = gdn(scale=-0.5, output_final_state=True)
+    o_pos, S_pos = gdn(scale=0.5, output_final_state=True)
+    assert torch.equal(o, -o_pos) and torch.equal(S, S_pos)
+
+
+def test_numpy_bools_are_bools():
+    o, S = gdn(output_final_state=np.bool_(True), use_qk_l2norm_in_kernel=np.True_)
+    o_ref, S_ref = gdn(output_final_state=True, use_qk_l2norm_in_kernel=True)
+    assert torch.equal(o, o_ref) and torch.equal(S, S_ref)
+    assert gdn(output_final_state=np.bool_(False))[1] is None
+
+
+def test_equal_host_copies_of_cu_seqlens_are_accepted():
+    cu = torch.tensor([0, 4, 10], dtype=torch.int32)
+    o, _ = gdn(cu_seqlens=cu, cu_seqlens_cpu=cu.long())
+    assert torch.equal(o, gdn(cu_seqlens=cu)[0])
+
+
+META_OPS = [  # op, gate shape suffix (None: no gate), beta
+    ("chunk_gated_delta_rule", (), True), ("chunk_kda", (K,), True), ("chunk_delta_rule", None, True),
+    ("chunk_linear_attn", None, False), ("chunk_simple_gla", (), False), ("chunk_gla", (K,), False),
+]
+
+
+@pytest.mark.parametrize("varlen", [False, True])
+@pytest.mark.parametrize("op,gate,uses_beta", META_OPS)
+def test_meta_inputs_give_meta_outputs(op, gate, uses_beta, varlen):
+    """All inputs on the meta device (varlen boundaries from their host copy): validation reads no value and the
+    outputs come back with their shapes and dtypes."""
+    Tm, Bm = 200, (1 if varlen else 3)
+
+    def meta(*shape, dtype=torch.float32):
+        return torch.empty(*shape, dtype=dtype, device="meta")
+
+    args = [meta(Bm, Tm, H, K, dtype=torch.bfloat16), meta(Bm, Tm, H, K, dtype=torch.bfloat16),
+            meta(Bm, Tm, HV, V, dtype=torch.bfloat16)]
+    if gate is not None:
+        args.append(meta(Bm, Tm, HV, *gate))
+    if uses_beta:
+        args.append(meta(Bm, Tm, HV))
+    cu = torch.tensor([0, 1, 130, 130, 200])
+    N = 4 if varlen else Bm
+    kw = dict(cu_seqlens=cu.to("meta"), cu_seqlens_cpu=cu) if varlen else {}
+    o, S = getattr(tilela, op)(*args, initial_state=meta(N, HV, K, V), output_final_state=True, **kw)
+    assert o.device.type == "meta" and o.shape == (Bm, Tm, HV, V) and o.dtype == torch.bfloat16
+    assert S.device.type == "meta" and S.shape == (N, HV, K, V) and S.dtype == torch.float32
+
+
+def test_meta_primitives():
+    cu = torch.tensor([0, 1, 70, 100])
+    kw = dict(cu_seqlens=cu.to("meta"), cu_seqlens_cpu=cu)
+    g = torch.empty(1, 100, HV, device="meta")
+    gc = tilela.chunk_local_cumsum(g, 32, **kw)
+    assert gc.device.type == "meta" and gc.shape == g.shape and gc.dtype == torch.float32
+    A = tilela.kkt_solve(torch.empty(1, 100, H, K, device="meta"), torch.empty(1, 100, HV, device="meta"), gc, 32,
+                         **kw)
+    assert A.device.type == "meta" and A.shape == (1, 100, HV, 32)
+
+
+@pytest.mark.parametrize("varlen", [False, True])
+def test_fake_tensors_trace_without_reading_values(varlen):
+    """Under FakeTensorMode (what tracing runs) the PyTorch path reads no value: no data-dependent shape, the
+    boundaries from their real host copy; without that copy a clear error."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    cu = torch.tensor([0, 1, 70, 100])
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    with mode:
+        q, v = torch.empty(1, 100, H, K), torch.empty(1, 100, HV, V)
+        g, beta = torch.empty(1, 100, HV, K), torch.empty(1, 100, HV)
+        kw = dict(cu_seqlens=mode.from_tensor(cu), cu_seqlens_cpu=cu) if varlen else {}
+        o, S = tilela.chunk_kda(q, q, v, g, beta, output_final_state=True, check_finite=True, **kw)
+        assert o.shape == (1, 100, HV, V) and S.shape == (3 if varlen else 1, HV, K, V)
+        assert tilela.kkt_solve(q, beta, None, 32, **kw).shape == (1, 100, HV, 32)
+        if varlen:
+            with pytest.raises(ValueError, match="cu_seqlens: a meta or fake tensor has no values"):
+                tilela.chunk_kda(q, q, v, g, beta, cu_seqlens=kw["cu_seqlens"])

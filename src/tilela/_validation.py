@@ -7,6 +7,9 @@ public ops re-checks; nothing is broadcast or truncated silently.
 
 from __future__ import annotations
 
+import math
+import numbers
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -36,6 +39,10 @@ def _shape(x: torch.Tensor) -> str:
     return "[" + ", ".join(str(s) for s in x.shape) + "]"
 
 
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
 def _expect_tensor(name: str, x) -> torch.Tensor:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
@@ -44,8 +51,8 @@ def _expect_tensor(name: str, x) -> torch.Tensor:
 
 def _expect_dtype(name: str, x: torch.Tensor, allowed: tuple[torch.dtype, ...]) -> None:
     if x.dtype not in allowed:
-        names = ", ".join(str(d).replace("torch.", "") for d in allowed)
-        raise TypeError(f"{name}: expected dtype in ({names}), got {str(x.dtype).replace('torch.', '')}")
+        names = ", ".join(_dtype_name(d) for d in allowed)
+        raise TypeError(f"{name}: expected dtype in ({names}), got {_dtype_name(x.dtype)}")
 
 
 def _expect_shape(name: str, x: torch.Tensor, expected: tuple[int, ...], meaning: str) -> None:
@@ -67,12 +74,20 @@ def _same_device(named: dict[str, torch.Tensor | None]) -> None:
             raise ValueError(f"{n}: expected device {first.device} (as {first_name}), got {t.device}")
 
 
+def has_values(t: torch.Tensor) -> bool:
+    """Whether t's values can be read: not a meta tensor, nor a fake one (shapes only, as under tracing)."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    return t.device.type != "meta" and not is_fake(t)
+
+
 def check_cu_seqlens(cu_seqlens, cu_seqlens_cpu, B: int, T: int) -> tuple[tuple[int, int], ...]:
     """Validate varlen boundaries and return them as host (bos, eos) pairs.
 
-    The values are read from ``cu_seqlens_cpu`` when given (trusted to equal ``cu_seqlens``: comparing
-    them would cost the device-to-host copy it exists to avoid), from ``cu_seqlens`` when it lives on
-    the host, and otherwise with one device-to-host copy.
+    The values are read from ``cu_seqlens_cpu`` when given, from ``cu_seqlens`` when it lives on the host, and
+    otherwise with one device-to-host copy. When both live on the host they must be equal; a device-resident
+    ``cu_seqlens`` is trusted to equal ``cu_seqlens_cpu`` (comparing them would cost the copy it exists to avoid).
+    A meta or fake ``cu_seqlens`` has no values, so ``cu_seqlens_cpu`` is required there.
     """
     if cu_seqlens is None:
         if cu_seqlens_cpu is not None:
@@ -83,27 +98,64 @@ def check_cu_seqlens(cu_seqlens, cu_seqlens_cpu, B: int, T: int) -> tuple[tuple[
             continue
         _expect_tensor(name, t)
         if t.dtype not in (torch.int32, torch.int64):
-            raise TypeError(f"{name}: expected an integer tensor (int32 or int64), got {str(t.dtype).replace('torch.', '')}")
+            raise TypeError(f"{name}: expected an integer tensor (int32 or int64), got {_dtype_name(t.dtype)}")
         if t.dim() != 1 or t.numel() < 2:
             raise ValueError(f"{name}: expected a 1-d tensor [N+1] with N >= 1, got shape {_shape(t)}")
     if cu_seqlens_cpu is not None and cu_seqlens_cpu.device.type != "cpu":
         raise ValueError(f"cu_seqlens_cpu: expected a host (cpu) tensor, got device {cu_seqlens_cpu.device}")
     if cu_seqlens_cpu is not None and cu_seqlens_cpu.shape != cu_seqlens.shape:
-        raise ValueError(f"cu_seqlens_cpu: expected shape {_shape(cu_seqlens)} (as cu_seqlens), got {_shape(cu_seqlens_cpu)}")
+        raise ValueError(f"cu_seqlens_cpu: expected shape {_shape(cu_seqlens)} (as cu_seqlens), "
+                         f"got {_shape(cu_seqlens_cpu)}")
+    if cu_seqlens_cpu is None and not has_values(cu_seqlens):
+        raise ValueError("cu_seqlens: a meta or fake tensor has no values to read the boundaries from; pass their "
+                         "host copy as cu_seqlens_cpu")
+    if cu_seqlens_cpu is not None and not has_values(cu_seqlens_cpu):
+        raise ValueError("cu_seqlens_cpu: expected a host tensor with values, got a fake tensor")
     if B != 1:
         raise ValueError(f"cu_seqlens: varlen inputs are packed along T, so the batch size must be 1; got B = {B}")
     host = cu_seqlens_cpu if cu_seqlens_cpu is not None else cu_seqlens
     values = [int(x) for x in host.tolist()]
+    if cu_seqlens_cpu is not None and cu_seqlens.device.type == "cpu" and has_values(cu_seqlens):
+        for i, (a, b) in enumerate(zip(cu_seqlens.tolist(), values)):
+            if a != b:
+                raise ValueError(f"cu_seqlens, cu_seqlens_cpu: expected equal values (both are on the host), got "
+                                 f"cu_seqlens[{i}] = {a} and cu_seqlens_cpu[{i}] = {b}")
     if values[0] != 0:
         raise ValueError(f"cu_seqlens: expected cu_seqlens[0] == 0, got {values[0]}")
     for i in range(1, len(values)):
         if values[i] < values[i - 1]:
-            raise ValueError(
-                f"cu_seqlens: expected non-decreasing values, got cu_seqlens[{i}] = {values[i]} < cu_seqlens[{i - 1}] = {values[i - 1]}"
-            )
+            raise ValueError(f"cu_seqlens: expected non-decreasing values, got cu_seqlens[{i}] = {values[i]} < "
+                             f"cu_seqlens[{i - 1}] = {values[i - 1]}")
     if values[-1] != T:
         raise ValueError(f"cu_seqlens: expected cu_seqlens[-1] == T = {T}, got {values[-1]}")
     return tuple(zip(values[:-1], values[1:]))
+
+
+def check_scale(scale) -> float | None:
+    """``scale`` as a Python float, or None. Any finite real is accepted (a negative scale negates the output): a
+    Python or numpy number, or a 0-d real tensor on the host (reading a device tensor would synchronise)."""
+    if scale is None:
+        return None
+    if isinstance(scale, torch.Tensor):
+        if scale.dim() != 0 or scale.dtype == torch.bool or scale.is_complex():
+            raise TypeError(f"scale: expected a real number, got a {scale.dim()}-d {_dtype_name(scale.dtype)} tensor")
+        if scale.device.type != "cpu":
+            raise ValueError(f"scale: expected a host (cpu) 0-d tensor or a number, got device {scale.device}")
+        scale = scale.item()
+    elif isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+        raise TypeError(f"scale: expected a real number or None, got {type(scale).__name__}")
+    scale = float(scale)
+    if not math.isfinite(scale):
+        raise ValueError(f"scale: expected a finite number, got {scale}")
+    return scale
+
+
+def check_flag(name: str, value) -> bool:
+    """A switch as a Python bool: ``bool`` or ``numpy.bool_``, nothing that merely converts to one."""
+    numpy = sys.modules.get("numpy")  # a numpy bool can only come from an imported numpy
+    if isinstance(value, bool) or (numpy is not None and isinstance(value, numpy.bool_)):
+        return bool(value)
+    raise TypeError(f"{name}: expected a bool, got {type(value).__name__}")
 
 
 def check_attention(
@@ -115,7 +167,6 @@ def check_attention(
     g_kind: str = "none",
     beta=None,
     needs_beta: bool = False,
-    scale=None,
     initial_state=None,
     cu_seqlens=None,
     cu_seqlens_cpu=None,
@@ -157,16 +208,14 @@ def check_attention(
         _expect_dtype("beta", beta, FLOAT_DTYPES)
         _expect_shape("beta", beta, (B, T, HV), "[B, T, HV]")
 
-    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
-        raise TypeError(f"scale: expected a float or None, got {type(scale).__name__}")
-
     seq_bounds = check_cu_seqlens(cu_seqlens, cu_seqlens_cpu, B, T)
     N = len(seq_bounds)
     if initial_state is not None:
         initial_state = _expect_tensor("initial_state", initial_state)
         _expect_dtype("initial_state", initial_state, STATE_DTYPES)
         _expect_shape("initial_state", initial_state, (N, HV, K, V), "[N, HV, K, V]")
-    _same_device({"q": q, "k": k, "v": v, "g": g, "beta": beta, "initial_state": initial_state, "cu_seqlens": cu_seqlens})
+    _same_device({"q": q, "k": k, "v": v, "g": g, "beta": beta, "initial_state": initial_state,
+                  "cu_seqlens": cu_seqlens})
     return Dims(B=B, T=T, H=H, HV=HV, K=K, V=V, N=N, seq_bounds=seq_bounds)
 
 
@@ -205,17 +254,61 @@ def check_kkt(k, beta, g, chunk_size, method, cu_seqlens, cu_seqlens_cpu) -> Dim
     return Dims(B=B, T=T, H=H, HV=HV, K=K, V=0, N=len(seq_bounds), seq_bounds=seq_bounds)
 
 
-def check_cumsum(g, chunk_size, scale, cu_seqlens, cu_seqlens_cpu) -> Dims:
-    """Validate chunk_local_cumsum's inputs: g [B, T, H] or [B, T, H, K]."""
+def check_cumsum(g, chunk_size, cu_seqlens, cu_seqlens_cpu) -> Dims:
+    """Validate chunk_local_cumsum's inputs: g [B, T, H] or [B, T, H, K] (``scale``: ``check_scale``)."""
     g = _expect_tensor("g", g)
     _expect_dtype("g", g, FLOAT_DTYPES)
     if g.dim() not in (3, 4):
-        raise ValueError(f"g: expected a 3-d [B, T, H] or 4-d [B, T, H, K] tensor, got {g.dim()}-d of shape {_shape(g)}")
+        raise ValueError(f"g: expected a 3-d [B, T, H] or 4-d [B, T, H, K] tensor, "
+                         f"got {g.dim()}-d of shape {_shape(g)}")
     check_chunk_size(chunk_size)
-    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
-        raise TypeError(f"scale: expected a float or None, got {type(scale).__name__}")
     B, T, H = g.shape[:3]
     K = g.shape[3] if g.dim() == 4 else 0
     seq_bounds = check_cu_seqlens(cu_seqlens, cu_seqlens_cpu, B, T)
     _same_device({"g": g, "cu_seqlens": cu_seqlens})
     return Dims(B=B, T=T, H=H, HV=H, K=K, V=0, N=len(seq_bounds), seq_bounds=seq_bounds)
+
+
+_AXES = {  # names of the axes of each checked tensor, by argument and rank
+    ("q", 4): ("batch", "token", "head", "channel"), ("k", 4): ("batch", "token", "head", "channel"),
+    ("v", 4): ("batch", "token", "head", "channel"), ("g", 3): ("batch", "token", "head"),
+    ("g", 4): ("batch", "token", "head", "channel"), ("beta", 3): ("batch", "token", "head"),
+    ("initial_state", 4): ("sequence", "head", "key", "value"),
+}
+
+
+def non_finite(name: str, x: torch.Tensor) -> torch.Tensor:
+    """The entries of ``x`` that are not admissible values: NaN and ±inf, except that a log gate ``g`` may be -inf
+    (a state reset; docs/exactness.md)."""
+    if name == "g":
+        return torch.isnan(x) | (x == float("inf"))
+    return ~torch.isfinite(x)
+
+
+def check_finite(enabled, named: dict[str, torch.Tensor | None], seq_bounds: tuple[tuple[int, int], ...]) -> None:
+    """The ``check_finite`` switch (a bool); when on, raise ValueError naming the first tensor (in ``named``'s order)
+    that holds a non-finite value (``non_finite``) and the position of its first one: (batch, token, head[,
+    channel]), and for varlen inputs the sequence and the token within it. One device-to-host copy for all tensors
+    together (so it is opt-in); meta and fake tensors hold no values and pass."""
+    if not check_flag("check_finite", enabled):
+        return
+    present = {n: t for n, t in named.items() if t is not None and has_values(t) and t.numel()}
+    if not present:
+        return
+    found = []
+    for name, t in present.items():
+        bad = non_finite(name, t).flatten()
+        found += [bad.any(), bad.to(torch.uint8).argmax()]
+    flags = torch.stack([f.to(torch.int64) for f in found]).tolist()
+    for (name, t), any_bad, flat in zip(present.items(), flags[::2], flags[1::2]):
+        if not any_bad:
+            continue
+        position = list(torch.unravel_index(torch.tensor(flat), t.shape))
+        axes = _AXES[name, t.dim()]
+        where = "[" + ", ".join(f"{a} {int(i)}" for a, i in zip(axes, position)) + "]"
+        if axes[0] == "batch" and len(seq_bounds) > 1 and t.shape[0] == 1:
+            token = int(position[1])
+            n = next(n for n, (bos, eos) in enumerate(seq_bounds) if bos <= token < eos)
+            where += f" (sequence {n}, its token {token - seq_bounds[n][0]})"
+        value = t.flatten()[flat].item()
+        raise ValueError(f"{name}: expected finite values (check_finite=True), got {value} at {where}")

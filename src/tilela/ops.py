@@ -44,14 +44,16 @@ def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
 
 
 def _attention(q, k, v, g, g_kind, beta, needs_beta, scale, initial_state, output_final_state, cu_seqlens,
-               cu_seqlens_cpu, use_qk_l2norm_in_kernel=False):
+               cu_seqlens_cpu, use_qk_l2norm_in_kernel=False, check_finite=False):
     dims = V.check_attention(
         q=q, k=k, v=v, g=g, g_kind=g_kind, beta=beta, needs_beta=needs_beta,
-        scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu,
+        initial_state=initial_state, cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu,
     )
-    if use_qk_l2norm_in_kernel:
+    V.check_finite(check_finite, dict(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state), dims.seq_bounds)
+    scale = dims.K ** -0.5 if scale is None else V.check_scale(scale)
+    output_final_state = V.check_flag("output_final_state", output_final_state)
+    if V.check_flag("use_qk_l2norm_in_kernel", use_qk_l2norm_in_kernel):
         q, k = _l2norm(q), _l2norm(k)
-    scale = dims.K ** -0.5 if scale is None else float(scale)
     hopper = _hopper(q, k, v, g, beta, initial_state, cu_seqlens)
     if hopper is not None and hopper.plan.covers(hopper.DTYPE_NAMES.get(q.dtype), dims.K, dims.V, g_kind, needs_beta):
         plan = hopper.plan_call(q, v, g, beta, scale, gate=g_kind, lengths=[e - s for s, e in dims.seq_bounds],
@@ -74,10 +76,15 @@ def chunk_gated_delta_rule(
     cu_seqlens: torch.Tensor | None = None,
     use_qk_l2norm_in_kernel: bool = False,
     cu_seqlens_cpu: torch.Tensor | None = None,
+    check_finite: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Gated DeltaNet. g: per-token log gate [B, T, HV] (raw, not cumsum'd); beta [B, T, HV] in (0, 1)."""
+    """Gated DeltaNet. g: per-token log gate [B, T, HV] (raw, not cumsum'd; -inf resets the state); beta [B, T, HV]
+    in (0, 1).
+
+    ``check_finite=True`` raises ValueError at the first NaN/inf input, naming it and its position (one host sync);
+    otherwise non-finite inputs spread as docs/exactness.md says."""
     return _attention(q, k, v, g, "scalar", beta, True, scale, initial_state, output_final_state, cu_seqlens,
-                      cu_seqlens_cpu, use_qk_l2norm_in_kernel)
+                      cu_seqlens_cpu, use_qk_l2norm_in_kernel, check_finite)
 
 
 def chunk_kda(
@@ -93,13 +100,17 @@ def chunk_kda(
     cu_seqlens: torch.Tensor | None = None,
     use_qk_l2norm_in_kernel: bool = False,
     cu_seqlens_cpu: torch.Tensor | None = None,
+    check_finite: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Kimi Delta Attention: as GDN with the log gate per key channel, g [B, T, HV, K].
 
     On Hopper the intra-chunk scores use 16-token sub-chunks: exact while no key channel decays by more
-    than e^-80 within 16 tokens (mean log gate >= -5 per token, KDA's lower bound)."""
+    than e^-80 within 16 tokens (mean log gate >= -5 per token, KDA's lower bound).
+
+    ``check_finite=True`` raises ValueError at the first NaN/inf input, naming it and its position (one host sync);
+    otherwise non-finite inputs spread as docs/exactness.md says."""
     return _attention(q, k, v, g, "channel", beta, True, scale, initial_state, output_final_state, cu_seqlens,
-                      cu_seqlens_cpu, use_qk_l2norm_in_kernel)
+                      cu_seqlens_cpu, use_qk_l2norm_in_kernel, check_finite)
 
 
 def chunk_delta_rule(
@@ -114,10 +125,14 @@ def chunk_delta_rule(
     cu_seqlens: torch.Tensor | None = None,
     use_qk_l2norm_in_kernel: bool = False,
     cu_seqlens_cpu: torch.Tensor | None = None,
+    check_finite: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """DeltaNet (ladder level 4): the delta rule with no gate."""
+    """DeltaNet (ladder level 4): the delta rule with no gate.
+
+    ``check_finite=True`` raises ValueError at the first NaN/inf input, naming it and its position (one host sync);
+    otherwise non-finite inputs spread as docs/exactness.md says."""
     return _attention(q, k, v, None, "none", beta, True, scale, initial_state, output_final_state, cu_seqlens,
-                      cu_seqlens_cpu, use_qk_l2norm_in_kernel)
+                      cu_seqlens_cpu, use_qk_l2norm_in_kernel, check_finite)
 
 
 def chunk_linear_attn(
@@ -130,10 +145,14 @@ def chunk_linear_attn(
     *,
     cu_seqlens: torch.Tensor | None = None,
     cu_seqlens_cpu: torch.Tensor | None = None,
+    check_finite: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Plain causal linear attention (ladder level 1), unnormalised (FLA's ``normalize=False``)."""
+    """Plain causal linear attention (ladder level 1), unnormalised (FLA's ``normalize=False``).
+
+    ``check_finite=True`` raises ValueError at the first NaN/inf input, naming it and its position (one host sync);
+    otherwise non-finite inputs spread as docs/exactness.md says."""
     return _attention(q, k, v, None, "none", None, False, scale, initial_state, output_final_state, cu_seqlens,
-                      cu_seqlens_cpu)
+                      cu_seqlens_cpu, check_finite=check_finite)
 
 
 def chunk_simple_gla(
@@ -147,11 +166,15 @@ def chunk_simple_gla(
     *,
     cu_seqlens: torch.Tensor | None = None,
     cu_seqlens_cpu: torch.Tensor | None = None,
+    check_finite: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Scalar-gated linear attention (ladder level 2-3): g [B, T, HV] per-token log gate; a
-    constant g is level 2's fixed decay."""
+    constant g is level 2's fixed decay.
+
+    ``check_finite=True`` raises ValueError at the first NaN/inf input, naming it and its position (one host sync);
+    otherwise non-finite inputs spread as docs/exactness.md says."""
     return _attention(q, k, v, g, "scalar", None, False, scale, initial_state, output_final_state, cu_seqlens,
-                      cu_seqlens_cpu)
+                      cu_seqlens_cpu, check_finite=check_finite)
 
 
 def chunk_gla(
@@ -165,14 +188,18 @@ def chunk_gla(
     *,
     cu_seqlens: torch.Tensor | None = None,
     cu_seqlens_cpu: torch.Tensor | None = None,
+    check_finite: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Gated linear attention (ladder level 3): g [B, T, HV, K] per-token, per-key-channel log gate, <= 0 (a decay).
 
     On Hopper a 64-token chunk's intra-chunk scores come from one product while no key channel decays by more than
     e^-80 over it, else from 16-token sub-chunks: exact while no key channel decays by more than e^-80 within 16
-    tokens (mean log gate >= -5 per token). A bf16/fp16 gate is converted to fp32 first (one pass over it)."""
+    tokens (mean log gate >= -5 per token). A bf16/fp16 gate is converted to fp32 first (one pass over it).
+
+    ``check_finite=True`` raises ValueError at the first NaN/inf input, naming it and its position (one host sync);
+    otherwise non-finite inputs spread as docs/exactness.md says."""
     return _attention(q, k, v, g, "channel", None, False, scale, initial_state, output_final_state, cu_seqlens,
-                      cu_seqlens_cpu)
+                      cu_seqlens_cpu, check_finite=check_finite)
 
 
 def kkt_solve(
@@ -184,6 +211,7 @@ def kkt_solve(
     *,
     method: str = "blocked",
     cu_seqlens_cpu: torch.Tensor | None = None,
+    check_finite: bool = False,
 ) -> torch.Tensor:
     """Per chunk A = (I + strictLower(diag(beta) (Gamma ⊙ K K^T)))^-1, returned as [B, T, HV, C]
     in k's dtype: row t holds row i of its chunk's A (i = t's index in the chunk).
@@ -191,9 +219,11 @@ def kkt_solve(
     k [B, T, H, K]; beta [B, T, HV]; g None or the chunk-local cumsum of the log gate [B, T, HV]
     (what ``chunk_local_cumsum`` returns), Gamma_ij = exp(g_i - g_j). ``method`` picks the Hopper
     kernel's inverse: "blocked" (recursive 16x16 blocks) or "neumann" (16x16 Neumann products);
-    both compute the same matrix.
+    both compute the same matrix. ``check_finite=True`` raises ValueError at the first NaN/inf (-inf allowed
+    in g) of k, beta and g, naming it and its position (one host sync).
     """
     dims = V.check_kkt(k, beta, g, chunk_size, method, cu_seqlens, cu_seqlens_cpu)
+    V.check_finite(check_finite, dict(k=k, beta=beta, g=g), dims.seq_bounds)
     hopper = _hopper(k, beta, g)
     if hopper is not None and k.dtype in (torch.bfloat16, torch.float16) and dims.K % 64 == 0:
         from .kernels.hopper import launch
@@ -212,10 +242,15 @@ def chunk_local_cumsum(
     *,
     scale: float | None = None,
     cu_seqlens_cpu: torch.Tensor | None = None,
+    check_finite: bool = False,
 ) -> torch.Tensor:
     """Inclusive prefix sum of g [B, T, H] or [B, T, H, K] inside each chunk of each sequence,
-    in float32 (float64 for float64 input); ``scale`` multiplies it (log2(e) feeds exp2)."""
-    dims = V.check_cumsum(g, chunk_size, scale, cu_seqlens, cu_seqlens_cpu)
+    in float32 (float64 for float64 input); ``scale`` multiplies it (log2(e) feeds exp2). Each gate is first
+    clamped from below at tilela._gates.LOG_GATE_FLOOR (exp(gc_i - gc_j) stays exact where exp underflows).
+    ``check_finite=True`` raises ValueError at the first NaN/+inf of g, naming its position (one host sync)."""
+    dims = V.check_cumsum(g, chunk_size, cu_seqlens, cu_seqlens_cpu)
+    scale = V.check_scale(scale)
+    V.check_finite(check_finite, dict(g=g), dims.seq_bounds)
     hopper = _hopper(g)
     if hopper is not None and g.dtype != torch.float64:
         from .kernels.hopper import launch

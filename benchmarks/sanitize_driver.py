@@ -1,0 +1,221 @@
+"""Every shipped Hopper kernel family once on small varlen inputs, for compute-sanitizer (benchmarks/sanitize.sh).
+
+    python benchmarks/sanitize_driver.py [--only cumsum,kkt,ws,loop,split,public] [--dtypes bf16,fp16] [--list]
+
+Inputs: sequences of (1, 63, 64, 65, 130, 1, 7) tokens (one-token and non-multiple-of-64 ones, a 64-token boundary
+and a sequence of three chunks), 2 q/k heads and 4 value heads (GVA 2; 2 value heads where a kernel has a separate
+GVA-1 variant), an initial state, the final state stored. Families:
+  cumsum  chunk_local_cumsum at every chunk size and gate dtype (public op);
+  kkt     kkt_solve at every chunk size, inverse, dtype, gate kind and value-head pairing (public op; the
+          per-channel gate through the launcher);
+  ws      the warp-specialised state/output pass at every DV block of every configuration it covers (levels 1-4 and
+          GDN at K = 64 and 128; gla through gla_factors, summing the raw gate itself and from a given cumsum);
+  loop    the single-warp-group pass for every level and KDA at K = 64 and 128, and the levels without a per-channel
+          gate at K = 256;
+  split   the sequence split (transitions, combine, outputs) in segments of 1 and 2 chunks for levels 1, 2, 4 and
+          GDN, with and without an initial state (the plain update's combine kernel in both variants);
+  public  every public op end to end (its dispatch), once per dtype.
+Each call's outputs are checked against the float64 reference, so a run without the sanitizer is a quick
+correctness check too: one line per call, exit status 1 on a mismatch or an exception.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import traceback
+from types import SimpleNamespace
+
+import torch
+import torch.nn.functional as F
+
+import tilela
+from tilela import reference
+from tilela.bench import rel_l2
+
+LENGTHS = (1, 63, 64, 65, 130, 1, 7)
+H = 2
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+LEVELS = {  # level: (gate kind, delta rule)
+    "linear_attn": ("none", False), "simple_gla": ("scalar", False), "gla": ("channel", False),
+    "delta_rule": ("none", True), "gdn": ("scalar", True), "kda": ("channel", True),
+}
+TOL = 2e-2
+
+
+def entry_points():
+    """The Hopper backend's internal entry points this driver calls, all here so they are repointed in one place:
+    the state/output pass chunk_forward(q, k, v, g_cumsum, beta, A, scale, h0, output_final_state, cu_seqlens, *,
+    kernel, block_DV, segments, g_is_cumsum), the DV blocks and coverage of the warp-specialised pass, the segment
+    plan of the sequence split, the kkt_solve launcher (the public op takes no per-channel gate) and the shipped
+    cumsum / kkt configuration lists."""
+    from tilela.kernels import hopper
+    from tilela.kernels.hopper import chunk_fwd, chunk_fwd_ws, seq_split
+
+    return SimpleNamespace(
+        chunk_forward=chunk_fwd.chunk_forward,
+        dv_blocks=chunk_fwd_ws.dv_blocks,
+        ws_covers=lambda K, gate, delta, dtype: chunk_fwd_ws.covers(K, K, gate, delta, hopper.DTYPES[dtype]),
+        segment_plan=seq_split.SegmentPlan.of,
+        kkt_solve=hopper.kkt_solve,
+        cumsum_configs=hopper.CUMSUM_CONFIGS,  # (chunk, g dtype name)
+        kkt_configs=hopper.KKT_CONFIGS,  # (chunk, method, dtype name, gate, value heads per pass)
+    )
+
+
+def make_inputs(K: int, dtype: torch.dtype, G: int = 2, seed: int = 0) -> dict:
+    """Host inputs: q/k unit-norm in dtype, v in dtype, scalar and per-channel log gates (fp32, within the Hopper
+    per-channel contract), beta, an fp32 initial state, cu_seqlens (int32)."""
+    gen = torch.Generator().manual_seed(seed)
+    T, HV = sum(LENGTHS), H * G
+    return dict(
+        q=F.normalize(torch.randn(1, T, H, K, generator=gen), dim=-1).to(dtype),
+        k=F.normalize(torch.randn(1, T, H, K, generator=gen), dim=-1).to(dtype),
+        v=torch.randn(1, T, HV, K, generator=gen).to(dtype),
+        g_scalar=F.logsigmoid(torch.randn(1, T, HV, generator=gen) + 2),
+        g_channel=F.logsigmoid(torch.randn(1, T, HV, K, generator=gen) + 2) / 4,
+        beta=torch.randn(1, T, HV, generator=gen).sigmoid(),
+        h0=torch.randn(len(LENGTHS), HV, K, K, generator=gen) * 0.1,
+        cu=torch.tensor([0, *torch.tensor(LENGTHS).cumsum(0).tolist()], dtype=torch.int32),
+    )
+
+
+def cuda(x: dict) -> dict:
+    return {n: t.cuda() for n, t in x.items()}
+
+
+def gate_of(x: dict, gate: str):
+    return {"none": None, "scalar": x["g_scalar"], "channel": x["g_channel"]}[gate]
+
+
+def state_pass_job(ep, level: str, K: int, dtype: torch.dtype, h0: bool = True, half_beta: bool = False, **kw):
+    """A call of the state/output pass (gc and A from the public cumsum and the kkt launcher), checked against
+    reference.chunked; half_beta: beta in q's dtype; kw goes to chunk_forward (kernel, block_DV, segments,
+    g_is_cumsum)."""
+    gate, delta = LEVELS[level]
+
+    def run():
+        x = make_inputs(K, dtype)
+        if half_beta:
+            x["beta"] = x["beta"].to(dtype)
+        d = cuda(x)
+        g = gate_of(d, gate)
+        raw = not kw.get("g_is_cumsum", True)
+        gc = None if g is None else (g if raw else tilela.chunk_local_cumsum(g, 64, d["cu"], cu_seqlens_cpu=x["cu"]))
+        A = None if not delta else ep.kkt_solve(d["k"], d["beta"], gc, 64, d["cu"])
+        o, S = ep.chunk_forward(d["q"], d["k"], d["v"], gc, d["beta"] if delta else None, A, K ** -0.5,
+                                d["h0"] if h0 else None, True, d["cu"], **kw)
+        ref_o, ref_S = reference.chunked(x["q"], x["k"], x["v"], g=gate_of(x, gate),
+                                         beta=x["beta"].float() if delta else None,
+                                         initial_state=x["h0"] if h0 else None, cu_seqlens=x["cu"])
+        return rel_l2(o, ref_o), rel_l2(S, ref_S)
+
+    return run
+
+
+def jobs(ep, dtypes: list[str]) -> list[tuple[str, str, object]]:
+    """(family, name, call returning its relative errors) for every kernel configuration the driver runs."""
+    out = []
+    for C, g_dtype in ep.cumsum_configs:
+        def cumsum(C=C, g_dtype=g_dtype):
+            x = make_inputs(64, torch.bfloat16)
+            g = x["g_scalar"].to(getattr(torch, g_dtype))
+            gc = tilela.chunk_local_cumsum(g.cuda(), C, x["cu"].cuda(), cu_seqlens_cpu=x["cu"])
+            return (rel_l2(gc, reference.chunk_local_cumsum(g, C, x["cu"])),)
+        out.append(("cumsum", f"cumsum C{C} {g_dtype}", cumsum))
+    for C, method, dtype_name, gate, pair in ep.kkt_configs:
+        if {"bfloat16": "bf16", "float16": "fp16"}[dtype_name] not in dtypes:
+            continue
+
+        def kkt(C=C, method=method, dtype=getattr(torch, dtype_name), gate=gate, pair=pair):
+            x = make_inputs(128, dtype, G=2 if pair == 2 else 1)
+            g = gate_of(x, gate)
+            gc = None if g is None else reference.chunk_local_cumsum(g, C, x["cu"])
+            d = cuda(x)
+            if gate == "channel":
+                A = ep.kkt_solve(d["k"], d["beta"], gc.float().cuda(), C, d["cu"], method)
+            else:
+                A = tilela.kkt_solve(d["k"], d["beta"], None if gc is None else gc.float().cuda(), C, d["cu"],
+                                     method=method, cu_seqlens_cpu=x["cu"])
+            return (rel_l2(A, reference.kkt_solve(x["k"], x["beta"], gc, C, x["cu"])),)
+        out.append(("kkt", f"kkt C{C} {method} {dtype_name} {gate} pair{pair}", kkt))
+    for name in dtypes:
+        dtype = DTYPES[name]
+        for level, (gate, delta) in LEVELS.items():
+            for K in (64, 128):
+                if ep.ws_covers(K, gate, delta, dtype):
+                    for i, block in enumerate(ep.dv_blocks(K)):
+                        kw, variant = dict(kernel="ws", block_DV=block), ""
+                        if gate == "channel":  # gla_factors summing the raw gate, and from a given cumsum
+                            kw["g_is_cumsum"] = i % 2 == 1
+                            variant = f" g_is_cumsum={kw['g_is_cumsum']}"
+                        if level == "gdn":  # beta in fp32 and in q's dtype
+                            kw["half_beta"] = i % 2 == 1
+                            variant = f" half_beta={kw['half_beta']}"
+                        out.append(("ws", f"ws {level} K{K} {name} DV{block}{variant}",
+                                    state_pass_job(ep, level, K, dtype, **kw)))
+            for K in (64, 128, 256):
+                if gate == "channel" or K == 256 or level == "gdn":
+                    out.append(("loop", f"loop {level} K{K} {name}",
+                                state_pass_job(ep, level, K, dtype, kernel="loop")))
+            if gate != "channel":
+                for K in (64, 128):
+                    for segment_chunks, h0 in ((1, True), (2, False)):
+                        plan = ep.segment_plan(LENGTHS, segment_chunks)
+                        out.append(("split", f"split {level} K{K} {name} segments of {segment_chunks} h0={h0}",
+                                    state_pass_job(ep, level, K, dtype, h0=h0, segments=plan)))
+            out.append(("public", f"public {level} K128 {name}", public_job(level, dtype)))
+    return out
+
+
+def public_job(level: str, dtype: torch.dtype):
+    op = {"linear_attn": "chunk_linear_attn", "simple_gla": "chunk_simple_gla", "gla": "chunk_gla",
+          "delta_rule": "chunk_delta_rule", "gdn": "chunk_gated_delta_rule", "kda": "chunk_kda"}[level]
+    gate, delta = LEVELS[level]
+
+    def run():
+        x = make_inputs(128, dtype)
+        d = cuda(x)
+        args = [d["q"], d["k"], d["v"]] + ([gate_of(d, gate)] if gate != "none" else [])
+        args += [d["beta"]] if delta else []
+        o, S = getattr(tilela, op)(*args, initial_state=d["h0"], output_final_state=True, cu_seqlens=d["cu"],
+                                   cu_seqlens_cpu=x["cu"])
+        ref_o, ref_S = reference.chunked(x["q"], x["k"], x["v"], g=gate_of(x, gate), beta=x["beta"] if delta else None,
+                                         initial_state=x["h0"], cu_seqlens=x["cu"])
+        return rel_l2(o, ref_o), rel_l2(S, ref_S)
+
+    return run
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", default=None, help="comma-separated families (cumsum, kkt, ws, loop, split, public)")
+    parser.add_argument("--dtypes", default="bf16,fp16")
+    parser.add_argument("--list", action="store_true", help="print the calls and exit")
+    args = parser.parse_args(argv)
+    dtypes = args.dtypes.split(",")
+    todo = [job for job in jobs(entry_points(), dtypes) if args.only is None or job[0] in args.only.split(",")]
+    if args.list:
+        print("\n".join(name for _, name, _ in todo))
+        return 0
+    if not torch.cuda.is_available():
+        parser.error("needs a Hopper GPU")
+    bad = 0
+    for family, name, run in todo:
+        start = time.time()
+        try:
+            errors = run()
+            torch.cuda.synchronize()
+            ok = all(e < TOL for e in errors)
+            line = " ".join(f"{e:.2e}" for e in errors)
+        except Exception:
+            ok, line = False, traceback.format_exc(limit=3).strip().replace("\n", " | ")
+        bad += not ok
+        print(f"{'ok  ' if ok else 'FAIL'} {name}: {line} ({time.time() - start:.1f} s)", flush=True)
+    print(f"{len(todo)} calls, {bad} failed")
+    return int(bool(bad))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,36 @@
+"""The floor on the log gate that keeps the chunked forms exact where exp underflows.
+
+A log gate g enters the chunked forms only through its chunk-local cumsum gc, as
+
+    exp(gc_i - gc_j) = prod_{j < s <= i} exp(g_s),
+
+and the token recurrence S_t = exp(g_t) S_{t-1} turns a g_t whose exp is 0 into a state reset. Summed as they are,
+such gates break the chunked forms: -inf gives gc = -inf and exp(-inf + inf) = NaN from the chunk start on, and a
+finite g = -1e7 or -1e30 leaves the small gates next to it no bits in gc (gc_i - gc_j is then their sum rounded at
+the scale of 1e7). So every g_s is clamped from below at ``LOG_GATE_FLOOR`` before the cumsum:
+
+  - exp(LOG_GATE_FLOOR) = e^-110 ~ 1.7e-48 is 0 in float32: every value below 2^-150 = e^-103.97 rounds to 0, and the
+    margin of 6 covers an exp (torch's or a kernel's exp2 of LOG_GATE_FLOOR * log2(e) = -158.7) that is off by some
+    ulps near the subnormal range, where e^-103.9 still gives 2^-149. Any product over a span that contains the
+    token then holds the factor e^-110 (the other gates are <= 0 for a decay) and is exactly 0 in float32, as the
+    recurrence says; bf16 and fp16 reach 0 far earlier. In float64, the reference stack's dtype, it is a factor
+    1.7e-48 instead of 0: below float64's rounding of any sum it enters unless the other terms are 1e-32 times
+    smaller.
+  - The cumsum stays within C * 110 (7040 for 64-token chunks) per chunk, so a difference of two gc values keeps
+    its small gates to about 110 * eps(dtype) per floored token before them (1e-5 in float32 after one), where
+    unclamped it kept none.
+  - -inf becomes the floor (no NaN); NaN stays NaN (clamp propagates it), so a NaN gate spreads as any NaN input.
+
+Every path that forms a chunk-local cumsum of raw gates applies this floor first, the Hopper kernels included.
+"""
+
+from __future__ import annotations
+
+import torch
+
+LOG_GATE_FLOOR = -110.0
+
+
+def floor_log_gate(g: torch.Tensor) -> torch.Tensor:
+    """g clamped from below at ``LOG_GATE_FLOOR`` (-inf included; NaN kept)."""
+    return g.clamp(min=LOG_GATE_FLOOR)
