@@ -19,6 +19,7 @@ from types import SimpleNamespace
 import tilelang.language as T
 from tilelang import tvm
 
+from ..._gates import LOG_GATE_FLOOR
 from .plan import CHUNK
 
 TILE = CHUNK  # tokens per CTA tile (and the chunk of the state/output passes)
@@ -28,6 +29,12 @@ LOG2E = 1.4426950408889634
 def exp_e(x):
     """exp(x) through the hardware exp2 unit."""
     return T.exp2(x * LOG2E)
+
+
+def floor_log_gate(g):
+    """g clamped from below at tilela._gates.LOG_GATE_FLOOR before any cumsum of raw gates (-inf included; a NaN
+    gate stays NaN, as torch.clamp keeps it: a select, not fmaxf, which would drop the NaN)."""
+    return T.if_then_else(g < LOG_GATE_FLOOR, LOG_GATE_FLOOR, g)
 
 
 SUB = 16  # rows of a sub-chunk of the per-channel scores

@@ -1,6 +1,9 @@
 """chunk_local_cumsum on Hopper: the chunk-local prefix sum of the log gate.
 
-    gc_t = scale * sum_{s = c(t)}^{t} g_s,    c(t) = first token of t's chunk (chunks of C from each sequence start)
+    gc_t = scale * sum_{s = c(t)}^{t} max(g_s, LOG_GATE_FLOOR),    c(t) = first token of t's chunk
+
+(chunks of C from each sequence start; tilela._gates: the floor keeps the chunked forms exact where exp underflows,
+a NaN gate stays NaN).
 
 Mirrors reference.cumsum.chunk_local_cumsum. The gate is viewed as [1, T, W] with W = H (scalar gate) or H * K
 (per-channel gate). A CTA owns a 64-token x 128-column tile: the tile comes in as one coalesced parallel load into
@@ -13,7 +16,7 @@ start.
 
 import tilelang.language as T
 
-from .common import TILE, locate_tile
+from .common import TILE, floor_log_gate, locate_tile
 
 COLUMNS = 128  # columns (threads) per CTA
 
@@ -43,7 +46,7 @@ def chunk_local_cumsum_kernel(chunk: int, dtype: str) -> T.PrimFunc:
             if start < end:
                 for i, j in T.Parallel(TILE, COLUMNS):
                     tile[i, j] = T.if_then_else(start + i < end and col0 + j < W,
-                                                T.cast(g[0, start + i, col0 + j], "float32"), 0.0)
+                                                floor_log_gate(T.cast(g[0, start + i, col0 + j], "float32")), 0.0)
                 acc = 0.0
                 for i in T.unroll(TILE):
                     if i % chunk == 0:

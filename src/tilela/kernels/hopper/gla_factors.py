@@ -13,9 +13,9 @@ gate "channel") runs the scalar gate's chain: no score product and no [64, K] ex
 only the per-row decay D of S.
 
 One CTA of 128 threads per (64-row tile, value head): tiles come from common.locate_tile (varlen without host
-synchronisation), chunks are tiles, D is indexed by tile slot. With cumsum the kernel reads the raw gate and sums
-it along each column of the tile itself (one thread per key channel, as hopper/cumsum.py), so gc never goes
-through global memory; else it reads gc. Rows past the sequence end hold gc of its last row.
+synchronisation), chunks are tiles, D is indexed by tile slot. With cumsum the kernel reads the raw gate, floors it
+(common.floor_log_gate) and sums it along each column of the tile itself (one thread per key channel, as
+hopper/cumsum.py), so gc never goes through global memory; else it reads gc. Rows past the sequence end hold gc of its last row.
 
 The scores, two ways, chosen per tile:
   - the tile decays by at most e^-80 in every channel (gc_last >= -80): one 64x64 product of (Q ⊙ exp gc) and
@@ -30,7 +30,7 @@ leave in the input dtype, as does P. Rows past the sequence end are not stored: 
 
 import tilelang.language as T
 
-from .common import LOG2E, TILE, channel_score_dtype, locate_tile, subchunk_scores
+from .common import LOG2E, TILE, channel_score_dtype, floor_log_gate, locate_tile, subchunk_scores
 
 THREADS = 128
 DECAY_LIMIT = 80.0  # the one-product scores while no channel decays by more than e^-80 over the tile
@@ -84,7 +84,7 @@ def gla_factors_kernel(K: int, dtype: str, cumsum: bool) -> T.PrimFunc:
                 T.copy(k[0, start : start + C, hq, :], k_s)
                 if cumsum:  # rows past the end add 0: they end up with the last row's sum
                     for i, d in T.Parallel(C, K):
-                        g_s[i, d] = T.if_then_else(start + i < end, g[0, start + i, hv, d], 0.0)
+                        g_s[i, d] = T.if_then_else(start + i < end, floor_log_gate(g[0, start + i, hv, d]), 0.0)
                     if tx < K:
                         acc = 0.0
                         for i in T.serial(C):
