@@ -73,23 +73,25 @@ def internals(device: str):
             yield []
 
         return no_split
-    from tilela.kernels.hopper import seq_split
+    from tilela.kernels.hopper import plan as hopper_plan
 
     @contextlib.contextmanager
     def split_spy(segment_chunks: int | None = None):
-        plans, auto_plan = [], seq_split.auto_plan
+        plans, auto_split = [], hopper_plan.auto_split
 
         def plan(lengths, *args, **kwargs):
-            chosen = auto_plan(lengths, *args, **kwargs) if segment_chunks is None else \
-                seq_split.SegmentPlan.of(lengths, segment_chunks)
+            chosen = auto_split(lengths, *args, **kwargs) if segment_chunks is None else \
+                hopper_plan.SegmentPlan.of(lengths, segment_chunks)
             plans.append(None if chosen is None else chosen.segment_chunks)
             return chosen
 
-        seq_split.auto_plan = plan
+        hopper_plan.auto_split = plan
+        hopper_plan._plan.cache_clear()  # plans are cached per call facts: make every call decide again
         try:
             yield plans
         finally:
-            seq_split.auto_plan = auto_plan
+            hopper_plan.auto_split = auto_split
+            hopper_plan._plan.cache_clear()
 
     return split_spy
 

@@ -46,19 +46,35 @@ TOL = 2e-2
 
 def entry_points():
     """The Hopper backend's internal entry points this driver calls, all here so they are repointed in one place:
-    the state/output pass chunk_forward(q, k, v, g_cumsum, beta, A, scale, h0, output_final_state, cu_seqlens, *,
-    kernel, block_DV, segments, g_is_cumsum), the DV blocks and coverage of the warp-specialised pass, the segment
-    plan of the sequence split, the kkt_solve launcher (the public op takes no per-channel gate) and the shipped
-    cumsum / kkt configuration lists."""
+    the state/output pass as chunk_forward(q, k, v, g_cumsum, beta, A, scale, h0, output_final_state, cu_seqlens, *,
+    kernel, block_DV, segments, g_is_cumsum) over hopper.plan_call / hopper.forward, the DV blocks and coverage of
+    the warp-specialised pass, the segment plan of the sequence split, the kkt_solve launcher (the public op takes no
+    per-channel gate) and the shipped cumsum / kkt configuration lists."""
     from tilela.kernels import hopper
-    from tilela.kernels.hopper import chunk_fwd, chunk_fwd_ws, seq_split
+    from tilela.kernels.hopper import launch, plan
+
+    def chunk_forward(q, k, v, g, beta, A, scale, h0, output_final_state, cu, *, kernel="auto", block_DV=None,
+                      segments=None, g_is_cumsum=True):
+        gate = "none" if g is None else ("scalar" if g.dim() == 3 else "channel")
+        bounds = cu.tolist()
+        lengths = [e - s for s, e in zip(bounds, bounds[1:])]
+        the_plan = hopper.plan_call(q, v, g, beta, scale, gate=gate, lengths=lengths,
+                                    initial_state=h0 is not None, output_final_state=output_final_state, varlen=True,
+                                    g_input="cumsum" if g_is_cumsum else "raw", kernel=kernel, block_DV=block_DV,
+                                    split=segments)
+        return hopper.forward(the_plan, q, k, v, g, beta, h0, cu, A=A)
+
+    def kkt_solve(k, beta, gc, chunk, cu, method="blocked"):
+        gate = "none" if gc is None else ("scalar" if gc.dim() == 3 else "channel")
+        key = plan.kkt_key(chunk, method, hopper.DTYPE_NAMES[k.dtype], gate, beta.shape[2] // k.shape[2])
+        return launch.launch_kkt(key, k, beta, gc, launch.Schedule.of(k, cu))
 
     return SimpleNamespace(
-        chunk_forward=chunk_fwd.chunk_forward,
-        dv_blocks=chunk_fwd_ws.dv_blocks,
-        ws_covers=lambda K, gate, delta, dtype: chunk_fwd_ws.covers(K, K, gate, delta, hopper.DTYPES[dtype]),
-        segment_plan=seq_split.SegmentPlan.of,
-        kkt_solve=hopper.kkt_solve,
+        chunk_forward=chunk_forward,
+        dv_blocks=plan.dv_blocks,
+        ws_covers=lambda K, gate, delta, dtype: plan.ws_covers(hopper.DTYPE_NAMES[dtype], K, K, gate, delta),
+        segment_plan=plan.SegmentPlan.of,
+        kkt_solve=kkt_solve,
         cumsum_configs=hopper.CUMSUM_CONFIGS,  # (chunk, g dtype name)
         kkt_configs=hopper.KKT_CONFIGS,  # (chunk, method, dtype name, gate, value heads per pass)
     )
