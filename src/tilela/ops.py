@@ -28,6 +28,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
+from . import _library
 from . import _validation as V
 from .torch_path import chunk as torch_path
 
@@ -43,12 +44,15 @@ def _hopper(*tensors):
     return hopper if hopper.available(*present) else None
 
 
-def _attention(q, k, v, g, g_kind, beta, needs_beta, scale, initial_state, output_final_state, cu_seqlens,
-               cu_seqlens_cpu):
-    dims = V.check_attention(
-        q=q, k=k, v=v, g=g, g_kind=g_kind, beta=beta, needs_beta=needs_beta,
-        scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu,
-    )
+def _check(q, k, v, g, g_kind, beta, needs_beta, scale, initial_state, cu_seqlens, cu_seqlens_cpu) -> V.Dims:
+    return V.check_attention(q=q, k=k, v=v, g=g, g_kind=g_kind, beta=beta, needs_beta=needs_beta, scale=scale,
+                             initial_state=initial_state, cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu)
+
+
+def _dispatch(q, k, v, g, g_kind, beta, needs_beta, scale, initial_state, output_final_state, cu_seqlens,
+              cu_seqlens_cpu):
+    """Validate and run one call on the Hopper kernels or the PyTorch path (the body of tilela::chunk_attention)."""
+    dims = _check(q, k, v, g, g_kind, beta, needs_beta, scale, initial_state, cu_seqlens, cu_seqlens_cpu)
     scale = dims.K ** -0.5 if scale is None else float(scale)
     hopper = _hopper(q, k, v, g, beta, initial_state, cu_seqlens)
     if hopper is not None and hopper.plan.covers(hopper.DTYPE_NAMES.get(q.dtype), dims.K, dims.V, g_kind, needs_beta):
@@ -57,6 +61,20 @@ def _attention(q, k, v, g, g_kind, beta, needs_beta, scale, initial_state, outpu
                                 varlen=cu_seqlens is not None)
         return hopper.forward(plan, q, k, v, g, beta, initial_state, cu_seqlens)
     return torch_path.chunk_attention(q, k, v, g, beta, scale, initial_state, output_final_state, dims)
+
+
+def _attention(q, k, v, g, g_kind, beta, needs_beta, scale, initial_state, output_final_state, cu_seqlens,
+               cu_seqlens_cpu):
+    """Validate eagerly, then the custom op tilela::chunk_attention (which carries autograd; _library.py). Under
+    torch.compile the op validates when it runs, so no value becomes a guard. Eagerly the boundaries read once here
+    travel on as the host copy, so the op reads no device memory again."""
+    if not torch.compiler.is_compiling():
+        dims = _check(q, k, v, g, g_kind, beta, needs_beta, scale, initial_state, cu_seqlens, cu_seqlens_cpu)
+        if cu_seqlens is not None and cu_seqlens_cpu is None:
+            cu_seqlens_cpu = torch.tensor([0, *(e for _, e in dims.seq_bounds)], dtype=torch.int64)
+    o, S = _library.chunk_attention(q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu, g_kind, needs_beta,
+                                    None if scale is None else float(scale), output_final_state)
+    return o, (S if output_final_state else None)
 
 
 # FLA's options, applied as input transforms before dispatch (so they run on every path unchanged).
