@@ -76,7 +76,8 @@ def inputs(seed=0, dtype=torch.float32):
     gen = torch.Generator().manual_seed(seed)
     x = dict(q=torch.randn(B, T, H, K, generator=gen), k=F.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1),
              v=torch.randn(B, T, HV, V, generator=gen), beta=torch.rand(B, T, HV, generator=gen),
-             gs=F.logsigmoid(torch.randn(B, T, HV, generator=gen) + 2), gc=F.logsigmoid(torch.randn(B, T, HV, K, generator=gen) + 2),
+             gs=F.logsigmoid(torch.randn(B, T, HV, generator=gen) + 2),
+             gc=F.logsigmoid(torch.randn(B, T, HV, K, generator=gen) + 2),
              h0=torch.randn(len(CU) - 1, HV, K, V, generator=gen), raw=torch.randn(B, T, HV, generator=gen))
     return {n: (t.to(dtype) if n in "qkv" else t) for n, t in x.items()}
 

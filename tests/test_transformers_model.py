@@ -24,7 +24,8 @@ def qwen3_next():
         linear_key_head_dim=32, linear_value_head_dim=32, linear_conv_kernel_dim=4, num_experts=4,
         num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32,
         layer_types=["linear_attention", "full_attention"], max_position_embeddings=512)
-    return Qwen3NextForCausalLM(config), modeling_qwen3_next, "torch_chunk_gated_delta_rule", tilela.chunk_gated_delta_rule
+    return (Qwen3NextForCausalLM(config), modeling_qwen3_next, "torch_chunk_gated_delta_rule",
+            tilela.chunk_gated_delta_rule)
 
 
 def kimi_linear():

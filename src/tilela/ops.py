@@ -14,7 +14,8 @@ The attention ops take FLA 0.6's signatures: the same names, order, defaults and
 input transforms applied before dispatch (l2norm of q and k, beta = sigmoid, the in-kernel gates, the V-first state
 layout), so they run on every path unchanged; ``chunk_linear_attn``'s normaliser is an output transform after it.
 ``cu_seqlens_cpu`` (a host copy of ``cu_seqlens``) spares the one device-to-host copy that validating GPU-resident
-boundaries costs.
+boundaries costs. Between the transforms each attention op is one call of the custom op ``tilela::chunk_attention``
+(_library.py): it carries autograd (a recompute on the PyTorch path) and keeps torch.compile graphs whole.
 
 On Hopper, long sequences over few heads are split across CTAs (kernels.hopper.seq_split) by a plan made from
 the host sequence lengths. A CUDA graph captured on such a call replays correctly for those lengths (as FLA's
