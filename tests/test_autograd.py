@@ -11,17 +11,21 @@ from tilela import reference
 
 CU = torch.tensor([0, 3, 3, 11])
 T, H, HV, K, V = 11, 1, 2, 4, 3
+TINY = (CU, H, HV, K, V)
+HOPPER = (torch.tensor([0, 70, 200]), 2, 4, 64, 64)  # sizes the Hopper kernels serve (the GPU run)
 
 
-def leaves(dtype=torch.float64, seed=0):
+def leaves(dtype=torch.float64, seed=0, sizes=TINY):
+    cu, H, HV, K, V = sizes
+    T = int(cu[-1])
     gen = torch.Generator().manual_seed(seed)
     x = dict(q=torch.randn(1, T, H, K, generator=gen), k=F.normalize(torch.randn(1, T, H, K, generator=gen), dim=-1),
              v=torch.randn(1, T, HV, V, generator=gen), gs=F.logsigmoid(torch.randn(1, T, HV, generator=gen) + 1),
              gc=F.logsigmoid(torch.randn(1, T, HV, K, generator=gen) + 1), beta=torch.rand(1, T, HV, generator=gen),
-             h0=torch.randn(len(CU) - 1, HV, K, V, generator=gen), raw=torch.randn(1, T, HV, generator=gen),
+             h0=torch.randn(len(cu) - 1, HV, K, V, generator=gen), raw=torch.randn(1, T, HV, generator=gen),
              rawc=torch.randn(1, T, HV, K, generator=gen), A_log=torch.randn(HV, generator=gen) * 0.3,
              dt_bias=torch.randn(HV, generator=gen), dt_bias_c=torch.randn(HV * K, generator=gen),
-             g_gamma=-torch.rand(HV, generator=gen), z0=torch.rand(len(CU) - 1, 1, H, K, generator=gen))
+             g_gamma=-torch.rand(HV, generator=gen), z0=torch.rand(len(cu) - 1, 1, H, K, generator=gen))
     return {n: t.to(dtype).requires_grad_() for n, t in x.items()}
 
 
@@ -71,34 +75,34 @@ def test_gradcheck_float64(name):
     assert torch.autograd.gradcheck(f, inputs, eps=1e-6, atol=1e-6, rtol=1e-5, fast_mode=True)
 
 
-def _reference_loss(x, g, beta, weights):
-    o, S = reference.recurrent(x["q"], x["k"], x["v"], g, beta, None, x["h0"], CU)
-    return (o * weights[0]).sum() + (S * weights[1]).sum()
-
-
+@pytest.mark.parametrize("device,sizes", [("cpu", TINY), pytest.param("cuda", HOPPER, marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, 3e-2)])
 @pytest.mark.parametrize("op,gate,delta", [("chunk_gated_delta_rule", "gs", True), ("chunk_kda", "gc", True),
-                                           ("chunk_gla", "gc", False)])
-def test_gradients_against_float64_recurrence(op, gate, delta, dtype, tol):
-    """q, k, v in dtype (g, beta and the state in fp32), gradients of a weighted sum of o and the final state
-    against float64 autograd of the token recurrence, relative to each gradient's norm."""
-    ref = leaves()
+                                           ("chunk_simple_gla", "gs", False), ("chunk_gla", "gc", False)])
+def test_gradients_against_float64_recurrence(op, gate, delta, dtype, tol, device, sizes):
+    """q, k, v in dtype (g, beta and the state in fp32) on the device (on a Hopper GPU the forward runs the
+    kernels), gradients of a weighted sum of o and the final state against float64 autograd of the token
+    recurrence on the CPU, relative to each gradient's norm."""
+    cu = sizes[0]
+    ref = leaves(sizes=sizes)
     gen = torch.Generator().manual_seed(1)
-    weights = (torch.randn(1, T, HV, V, generator=gen, dtype=torch.float64),
-               torch.randn(len(CU) - 1, HV, K, V, generator=gen, dtype=torch.float64))
+    weights = (torch.randn(ref["v"].shape, generator=gen, dtype=torch.float64),
+               torch.randn(ref["h0"].shape, generator=gen, dtype=torch.float64))
     # inputs that are exact in dtype, so both sides see the same values
     with torch.no_grad():
         for n in ("q", "k", "v"):
             ref[n].copy_(ref[n].to(dtype).double())
     names = ("q", "k", "v", gate, "h0") + (("beta",) if delta else ())
-    _reference_loss(ref, ref[gate], ref["beta"] if delta else None, weights).backward()
-    x = {n: ref[n].detach().to(dtype if n in "qkv" else torch.float32).requires_grad_() for n in names}
+    o, S = reference.recurrent(ref["q"], ref["k"], ref["v"], ref[gate], ref["beta"] if delta else None, None,
+                               ref["h0"], cu)
+    ((o * weights[0]).sum() + (S * weights[1]).sum()).backward()
+    x = {n: ref[n].detach().to(device, dtype if n in "qkv" else torch.float32).requires_grad_() for n in names}
     o, S = getattr(tilela, op)(x["q"], x["k"], x["v"], x[gate], *([x["beta"]] if delta else []), initial_state=x["h0"],
-                               output_final_state=True, cu_seqlens=CU)
-    ((o.double() * weights[0]).sum() + (S.double() * weights[1]).sum()).backward()
+                               output_final_state=True, cu_seqlens=cu.to(device), cu_seqlens_cpu=cu)
+    ((o.double().cpu() * weights[0]).sum() + (S.double().cpu() * weights[1]).sum()).backward()
     for n in names:
-        assert x[n].grad.dtype == x[n].dtype
-        err = (x[n].grad.double() - ref[n].grad).norm() / ref[n].grad.norm()
+        assert x[n].grad.dtype == x[n].dtype and x[n].grad.device == x[n].device
+        err = (x[n].grad.double().cpu() - ref[n].grad).norm() / ref[n].grad.norm()
         assert err < tol, f"{n}: relative error {err:.2e}"
 
 

@@ -105,3 +105,29 @@ def test_fla_s_functions_run_tilela_once_enabled(fla_registered, monkeypatch):
     with pytest.raises(Exception):
         fla_gdn(x["q"], x["k"], x["v"], x["g"], x["beta"])
     assert len(fla_registered) == calls
+
+
+@pytest.mark.gpu
+def test_on_hopper_ours_serves_inference_and_fla_the_rest(fla_registered, monkeypatch):
+    """bf16 at K = V = 128 (what the kernels serve): ours runs and agrees with FLA's own Triton result
+    (FLA_TILELA=0, FLA_TILELANG=0 for a pure-Triton FLA); with an input that requires grad, and for chunk_kda, FLA runs."""
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_gdn
+
+    gen = torch.Generator().manual_seed(0)
+    T, Kd = 300, 128
+    x = dict(q=torch.randn(1, T, H, Kd, generator=gen), k=torch.randn(1, T, H, Kd, generator=gen),
+             v=torch.randn(1, T, HV, Kd, generator=gen), g=F.logsigmoid(torch.randn(1, T, HV, generator=gen)),
+             beta=torch.rand(1, T, HV, generator=gen))
+    x = {n: t.cuda().bfloat16() if n in "qkv" else t.cuda() for n, t in x.items()}
+    cu = torch.tensor([0, 100, 300])
+    kw = dict(output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=cu.cuda(), cu_seqlens_cpu=cu)
+    ours = fla_gdn(*x.values(), **kw)
+    assert fla_registered == ["chunk_gated_delta_rule"]
+    monkeypatch.setenv("FLA_TILELA", "0")
+    monkeypatch.setenv("FLA_TILELANG", "0")
+    theirs = fla_gdn(*x.values(), **kw)
+    for a, b in zip(ours, theirs):
+        assert ((a.float() - b.float()).norm() / b.float().norm()).item() < 1e-2
+    monkeypatch.delenv("FLA_TILELA")
+    fla_gdn(*(t.requires_grad_() if t.is_floating_point() else t for t in x.values()), **kw)
+    assert fla_registered == ["chunk_gated_delta_rule"]
