@@ -110,7 +110,7 @@ def test_fla_s_functions_run_tilela_once_enabled(fla_registered, monkeypatch):
 @pytest.mark.gpu
 def test_on_hopper_ours_serves_inference_and_fla_the_rest(fla_registered, monkeypatch):
     """bf16 at K = V = 128 (what the kernels serve): ours runs and agrees with FLA's own Triton result
-    (FLA_TILELA=0, FLA_TILELANG=0 for a pure-Triton FLA); with an input that requires grad, and for chunk_kda, FLA runs."""
+    (FLA_TILELA=0, FLA_TILELANG=0 for a pure-Triton FLA); with an input that requires grad FLA runs."""
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_gdn
 
     gen = torch.Generator().manual_seed(0)

@@ -92,7 +92,8 @@ def test_ops_capture_in_a_cuda_graph(op, lengths, h_v, splits, table_copied_befo
         gates = [dev["g"], dev["beta"]] if delta else [dev["g"]]
         plain = {"normalize": False} if op == "chunk_linear_attn" else {}
         return getattr(tilela, op)(dev["q"], dev["k"], dev["v"], *gates, initial_state=dev["initial_state"],
-                                   output_final_state=True, cu_seqlens=dev["cu_seqlens"], cu_seqlens_cpu=cpu_cu, **plain)
+                                   output_final_state=True, cu_seqlens=dev["cu_seqlens"], cu_seqlens_cpu=cpu_cu,
+                                   **plain)
 
     eager_o, eager_S = run()  # compiles outside the capture
     torch.cuda.synchronize()
