@@ -24,6 +24,7 @@ tables built from ``cu_seqlens_cpu``); calls that are not split take any layout 
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import torch
@@ -80,10 +81,11 @@ def _attention(q, k, v, g, g_kind, beta, needs_beta, scale, initial_state, outpu
 
 # FLA's options, applied as input transforms before dispatch (so they run on every path unchanged).
 
-def _tensor(name: str, x, dim: int | None = None) -> torch.Tensor:
+def _tensor(name: str, x, layout: str | None = None) -> torch.Tensor:
+    """x, checked to be a tensor (of layout's rank, e.g. "[B, T, H, K]", when given)."""
     V._expect_tensor(name, x)
-    if dim is not None:
-        V._expect_rank(name, x, dim, "")
+    if layout is not None:
+        V._expect_rank(name, x, layout.count(",") + 1, layout)
     return x
 
 
@@ -149,16 +151,14 @@ def _heads_param(name: str, x, shape: tuple[int, ...], meaning: str) -> torch.Te
     """A per-head parameter given with prod(shape) elements, viewed as ``shape`` in float32 (float64 stays)."""
     x = _tensor(name, x)
     V._expect_dtype(name, x, V.FLOAT_DTYPES)
-    n = 1
-    for s in shape:
-        n *= s
+    n = math.prod(shape)
     if x.numel() != n:
         raise ValueError(f"{name}: expected {n} elements ({meaning}), got shape {V._shape(x)}")
     return _float(x).reshape(shape)
 
 
 def _gate_shape(g, v, per_channel: bool, K: int) -> torch.Tensor:
-    g, v = _tensor("g", g), _tensor("v", v, 4)
+    g, v = _tensor("g", g), _tensor("v", v, "[B, T, HV, V]")
     want = (*v.shape[:3], K) if per_channel else tuple(v.shape[:3])
     V._expect_shape("g", g, want, "[B, T, HV, K]" if per_channel else "[B, T, HV]")
     return g
@@ -168,7 +168,7 @@ def _state_in(initial_state, state_v_first: bool):
     """A [N, HV, V, K] initial state (state_v_first) as the [N, HV, K, V] the kernels take."""
     if initial_state is None or not state_v_first:
         return initial_state
-    return _tensor("initial_state", initial_state, 4).transpose(-1, -2).contiguous()
+    return _tensor("initial_state", initial_state, "[N, HV, V, K]").transpose(-1, -2).contiguous()
 
 
 def _state_out(result, state_v_first: bool):
@@ -353,7 +353,7 @@ def chunk_linear_attn(
     ``(o, (final_state or None, z))`` with z [N, 1, H, K] the running key sum in k's dtype; ``initial_state`` may
     then be the pair ``(S_0, z_0)``. The normaliser is an output transform in PyTorch after the unchanged kernels.
     ``normalize=False`` returns ``(o, final_state or None)``."""
-    q, k = _tensor("q", q), _tensor("k", k, 4)
+    q, k = _tensor("q", q), _tensor("k", k, "[B, T, H, K]")
     z_init = None
     if _flag("normalize", normalize) and isinstance(initial_state, tuple):
         if len(initial_state) != 2:
@@ -394,7 +394,7 @@ def chunk_simple_gla(
     if chunk_size is not None:
         _chunk_size(chunk_size, None)
     if g_gamma is not None:
-        v = _tensor("v", v, 4)
+        v = _tensor("v", v, "[B, T, HV, V]")
         gamma = _heads_param("g_gamma", g_gamma, (v.shape[2],), "[HV]").expand(*v.shape[:3]).contiguous()
         g = gamma if g is None else _float(_gate_shape(g, v, False, 0)) + gamma
     gate = "none" if g is None else "scalar"
