@@ -90,8 +90,10 @@ def test_ops_capture_in_a_cuda_graph(op, lengths, h_v, splits, table_copied_befo
 
     def run():
         gates = [dev["g"], dev["beta"]] if delta else [dev["g"]]
+        plain = {"normalize": False} if op == "chunk_linear_attn" else {}
         return getattr(tilela, op)(dev["q"], dev["k"], dev["v"], *gates, initial_state=dev["initial_state"],
-                                   output_final_state=True, cu_seqlens=dev["cu_seqlens"], cu_seqlens_cpu=cpu_cu)
+                                   output_final_state=True, cu_seqlens=dev["cu_seqlens"], cu_seqlens_cpu=cpu_cu,
+                                   **plain)
 
     eager_o, eager_S = run()  # compiles outside the capture
     torch.cuda.synchronize()
@@ -167,8 +169,9 @@ def _ladder_op_against_reference(op, x, g, delta):
     the float64 reference, return them."""
     args = [t.cuda() for t in (x["q"], x["k"], x["v"])] + ([g.cuda()] if g is not None else [])
     args += [x["beta"].cuda()] if delta else []
+    plain = {"normalize": False} if op == "chunk_linear_attn" else {}
     o, S = getattr(tilela, op)(*args, initial_state=x["initial_state"].cuda(), output_final_state=True,
-                               cu_seqlens=x["cu_seqlens"].cuda(), cu_seqlens_cpu=x["cu_seqlens"])
+                               cu_seqlens=x["cu_seqlens"].cuda(), cu_seqlens_cpu=x["cu_seqlens"], **plain)
     ref_o, ref_S = reference.chunked(x["q"], x["k"], x["v"], g=g, beta=x["beta"] if delta else None,
                                      initial_state=x["initial_state"], cu_seqlens=x["cu_seqlens"])
     assert rel_l2(o, ref_o) < 1e-2 and rel_l2(S, ref_S) < 1e-2

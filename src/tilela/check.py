@@ -109,7 +109,8 @@ def run_op(op: str, x: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Ten
                                 **varlen), None
     gate, uses_beta = ATTENTION_OPS[op]
     args = [x["q"], x["k"], x["v"]] + ([_gate(x, gate)] if gate != "none" else []) + ([x["beta"]] if uses_beta else [])
-    return getattr(tilela, op)(*args, initial_state=x["initial_state"], output_final_state=True, **varlen)
+    plain = {"normalize": False} if op == "chunk_linear_attn" else {}  # the recurrence, not FLA's normaliser
+    return getattr(tilela, op)(*args, initial_state=x["initial_state"], output_final_state=True, **varlen, **plain)
 
 
 def reference_of(op: str, x: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:

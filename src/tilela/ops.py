@@ -10,9 +10,13 @@ with o ``[B, T, HV, V]`` in the input dtype. The state recurrence (S in ``[K, V]
     S_t += k_t v_t^T                                  (plain ops)
     o_t  = scale q_t^T S_t                            (scale defaults to K ** -0.5)
 
-Arguments after ``output_final_state`` are keyword-only, so a call written for FLA's argument
-order cannot bind them to the wrong parameter. ``cu_seqlens_cpu`` (a host copy of
-``cu_seqlens``) spares the one device-to-host copy that validating GPU-resident boundaries costs.
+The attention ops take FLA 0.6's signatures: the same names, order, defaults and options. The options are
+input transforms applied before dispatch (l2norm of q and k, beta = sigmoid, the in-kernel gates, the V-first state
+layout), so they run on every path unchanged; ``chunk_linear_attn``'s normaliser is an output transform after it.
+``cu_seqlens_cpu`` (a host copy of ``cu_seqlens``) spares the one device-to-host copy that validating GPU-resident
+boundaries costs. ``check_finite=True`` (every op) raises ValueError at the first NaN/inf input, naming it and its
+position (one host sync); otherwise non-finite inputs spread as docs/exactness.md says. Between the transforms each attention op is one call of the custom op ``tilela::chunk_attention``
+(_library.py): it carries autograd (a recompute on the PyTorch path) and keeps torch.compile graphs whole.
 
 On Hopper, long sequences over few heads are split across CTAs (kernels.hopper.seq_split) by a plan made from
 the host sequence lengths. A CUDA graph captured on such a call replays correctly for those lengths (as FLA's
@@ -21,8 +25,13 @@ tables built from ``cu_seqlens_cpu``); calls that are not split take any layout 
 
 from __future__ import annotations
 
-import torch
+import math
+import warnings
 
+import torch
+import torch.nn.functional as F
+
+from . import _library
 from . import _validation as V
 from .torch_path import chunk as torch_path
 
@@ -38,22 +47,19 @@ def _hopper(*tensors):
     return hopper if hopper.available(*present) else None
 
 
-def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    xf = x.float() if x.dtype != torch.float64 else x
-    return (xf * torch.rsqrt(xf.pow(2).sum(-1, keepdim=True) + eps)).to(x.dtype)
+def _check(q, k, v, g, g_kind, beta, needs_beta, scale, initial_state, cu_seqlens, cu_seqlens_cpu):
+    """(dims, scale as a float or None) of a validated call."""
+    dims = V.check_attention(q=q, k=k, v=v, g=g, g_kind=g_kind, beta=beta, needs_beta=needs_beta,
+                             initial_state=initial_state, cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu)
+    return dims, V.check_scale(scale)
 
 
-def _attention(q, k, v, g, g_kind, beta, needs_beta, scale, initial_state, output_final_state, cu_seqlens,
-               cu_seqlens_cpu, use_qk_l2norm_in_kernel=False, check_finite=False):
-    dims = V.check_attention(
-        q=q, k=k, v=v, g=g, g_kind=g_kind, beta=beta, needs_beta=needs_beta,
-        initial_state=initial_state, cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu,
-    )
+def _dispatch(q, k, v, g, g_kind, beta, needs_beta, scale, initial_state, output_final_state, cu_seqlens,
+              cu_seqlens_cpu, check_finite=False):
+    """Validate and run one call on the Hopper kernels or the PyTorch path (the body of tilela::chunk_attention)."""
+    dims, scale = _check(q, k, v, g, g_kind, beta, needs_beta, scale, initial_state, cu_seqlens, cu_seqlens_cpu)
     V.check_finite(check_finite, dict(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state), dims.seq_bounds)
-    scale = dims.K ** -0.5 if scale is None else V.check_scale(scale)
-    output_final_state = V.check_flag("output_final_state", output_final_state)
-    if V.check_flag("use_qk_l2norm_in_kernel", use_qk_l2norm_in_kernel):
-        q, k = _l2norm(q), _l2norm(k)
+    scale = dims.K ** -0.5 if scale is None else scale
     hopper = _hopper(q, k, v, g, beta, initial_state, cu_seqlens)
     if hopper is not None and hopper.plan.covers(hopper.DTYPE_NAMES.get(q.dtype), dims.K, dims.V, g_kind, needs_beta):
         plan = hopper.plan_call(q, v, g, beta, scale, gate=g_kind, lengths=[e - s for s, e in dims.seq_bounds],
@@ -61,6 +67,115 @@ def _attention(q, k, v, g, g_kind, beta, needs_beta, scale, initial_state, outpu
                                 varlen=cu_seqlens is not None)
         return hopper.forward(plan, q, k, v, g, beta, initial_state, cu_seqlens)
     return torch_path.chunk_attention(q, k, v, g, beta, scale, initial_state, output_final_state, dims)
+
+
+def _attention(q, k, v, g, g_kind, beta, needs_beta, scale, initial_state, output_final_state, cu_seqlens,
+               cu_seqlens_cpu, check_finite=False):
+    """Validate eagerly, then the custom op tilela::chunk_attention (which carries autograd; _library.py). Under
+    torch.compile the op validates when it runs, so no value becomes a guard. Eagerly the boundaries read once here
+    travel on as the host copy, so the op reads no device memory again."""
+    output_final_state = V.check_flag("output_final_state", output_final_state)
+    check_finite = V.check_flag("check_finite", check_finite)
+    if not torch.compiler.is_compiling():
+        dims, scale = _check(q, k, v, g, g_kind, beta, needs_beta, scale, initial_state, cu_seqlens, cu_seqlens_cpu)
+        if cu_seqlens is not None and cu_seqlens_cpu is None:
+            cu_seqlens_cpu = torch.tensor([0, *(e for _, e in dims.seq_bounds)], dtype=torch.int64)
+    o, S = _library.chunk_attention(q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu, g_kind, needs_beta,
+                                    None if scale is None else float(scale), output_final_state, check_finite)
+    return o, (S if output_final_state else None)
+
+
+# FLA's options, applied as input transforms before dispatch (so they run on every path unchanged).
+
+def _tensor(name: str, x, layout: str | None = None) -> torch.Tensor:
+    """x, checked to be a tensor (of layout's rank, e.g. "[B, T, H, K]", when given)."""
+    V._expect_tensor(name, x)
+    if layout is not None:
+        V._expect_rank(name, x, layout.count(",") + 1, layout)
+    return x
+
+
+def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """x / sqrt(sum x^2 + eps) over the last dim, computed in float32 (float64 stays), stored in x's dtype."""
+    xf = x.float() if x.dtype != torch.float64 else x
+    return (xf * torch.rsqrt(xf.pow(2).sum(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def _float(x: torch.Tensor) -> torch.Tensor:
+    return x if x.dtype == torch.float64 else x.float()
+
+
+def _chunk_size(value, allowed: tuple[int, ...] | None) -> None:
+    """FLA's chunk_size check (allowed None: any power of two). The result does not depend on it: it only picks
+    FLA's tiling, so it is validated and otherwise unused."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"chunk_size: expected an int, got {type(value).__name__}")
+    ok = value in allowed if allowed is not None else value > 0 and value & (value - 1) == 0
+    if not ok:
+        raise ValueError(f"chunk_size: expected {'one of ' + str(allowed) if allowed else 'a power of two'}, "
+                         f"got {value}")
+
+
+def _fla_kwargs(kwargs: dict, state_v_first: bool, *, head_first_raises: bool, layout_alias: bool) -> bool:
+    """FLA's handling of the options it reads from ``**kwargs`` (every other key is ignored, as FLA does); returns
+    the effective ``state_v_first``."""
+    if head_first_raises and "head_first" in kwargs:
+        raise ValueError("head_first: removed in FLA 0.6; inputs are [B, T, H, D]")
+    if layout_alias and "transpose_state_layout" in kwargs:
+        if state_v_first:
+            raise ValueError("transpose_state_layout: deprecated alias of state_v_first; pass only state_v_first")
+        warnings.warn("transpose_state_layout is deprecated; use state_v_first", DeprecationWarning, stacklevel=3)
+        return V.check_flag("transpose_state_layout", kwargs["transpose_state_layout"])
+    return V.check_flag("state_v_first", state_v_first)
+
+
+def _no_cp(cp_context) -> None:
+    if cp_context is not None:
+        raise ValueError("cp_context: context parallelism across devices is not supported; pass None")
+
+
+def _qk_beta(q, k, beta, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval):
+    """l2norm of q and k, then beta = (2 if allow_neg_eigval else 1) * sigmoid(beta) in float32, as FLA."""
+    q, k = _tensor("q", q), _tensor("k", k)
+    if V.check_flag("allow_neg_eigval", allow_neg_eigval) and not V.check_flag("use_beta_sigmoid_in_kernel",
+                                                                  use_beta_sigmoid_in_kernel):
+        raise ValueError("allow_neg_eigval: requires use_beta_sigmoid_in_kernel=True (beta = 2 sigmoid(beta))")
+    if V.check_flag("use_qk_l2norm_in_kernel", use_qk_l2norm_in_kernel):
+        q, k = _l2norm(q), _l2norm(k)
+    if use_beta_sigmoid_in_kernel:
+        beta = torch.sigmoid(_float(_tensor("beta", beta))) * (2.0 if allow_neg_eigval else 1.0)
+    return q, k, beta
+
+
+def _heads_param(name: str, x, shape: tuple[int, ...], meaning: str) -> torch.Tensor:
+    """A per-head parameter given with prod(shape) elements, viewed as ``shape`` in float32 (float64 stays)."""
+    x = _tensor(name, x)
+    V._expect_dtype(name, x, V.FLOAT_DTYPES)
+    n = math.prod(shape)
+    if x.numel() != n:
+        raise ValueError(f"{name}: expected {n} elements ({meaning}), got shape {V._shape(x)}")
+    return _float(x).reshape(shape)
+
+
+def _gate_shape(g, v, per_channel: bool, K: int) -> torch.Tensor:
+    g, v = _tensor("g", g), _tensor("v", v, "[B, T, HV, V]")
+    want = (*v.shape[:3], K) if per_channel else tuple(v.shape[:3])
+    V._expect_shape("g", g, want, "[B, T, HV, K]" if per_channel else "[B, T, HV]")
+    return g
+
+
+def _state_in(initial_state, state_v_first: bool):
+    """A [N, HV, V, K] initial state (state_v_first) as the [N, HV, K, V] the kernels take."""
+    if initial_state is None or not state_v_first:
+        return initial_state
+    return _tensor("initial_state", initial_state, "[N, HV, V, K]").transpose(-1, -2).contiguous()
+
+
+def _state_out(result, state_v_first: bool):
+    o, state = result
+    if state is None or not state_v_first:
+        return o, state
+    return o, state.transpose(-1, -2).contiguous()
 
 
 def chunk_gated_delta_rule(
@@ -72,19 +187,39 @@ def chunk_gated_delta_rule(
     scale: float | None = None,
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
-    *,
-    cu_seqlens: torch.Tensor | None = None,
     use_qk_l2norm_in_kernel: bool = False,
+    use_beta_sigmoid_in_kernel: bool = False,
+    allow_neg_eigval: bool = False,
+    state_v_first: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
     cu_seqlens_cpu: torch.Tensor | None = None,
+    chunk_indices: torch.Tensor | None = None,
+    cp_context: object | None = None,
+    *,
+    use_gate_in_kernel: bool = False,
+    A_log: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    chunk_size: int = 64,
     check_finite: bool = False,
+    **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Gated DeltaNet. g: per-token log gate [B, T, HV] (raw, not cumsum'd; -inf resets the state); beta [B, T, HV]
-    in (0, 1).
-
-    ``check_finite=True`` raises ValueError at the first NaN/inf input, naming it and its position (one host sync);
-    otherwise non-finite inputs spread as docs/exactness.md says."""
-    return _attention(q, k, v, g, "scalar", beta, True, scale, initial_state, output_final_state, cu_seqlens,
-                      cu_seqlens_cpu, use_qk_l2norm_in_kernel, check_finite)
+    """Gated DeltaNet with FLA 0.6's signature: g per-token log gate [B, T, HV] (raw, not cumsum'd), beta
+    [B, T, HV] in (0, 1). The options (l2norm, beta sigmoid, in-kernel gate, V-first state) are input transforms
+    applied before dispatch. ``chunk_indices`` is derived from ``cu_seqlens`` and unused; other keyword arguments
+    are ignored, as FLA does."""
+    state_v_first = _fla_kwargs(kwargs, state_v_first, head_first_raises=True, layout_alias=True)
+    _chunk_size(chunk_size, (16, 32, 64))
+    _no_cp(cp_context)
+    q, k, beta = _qk_beta(q, k, beta, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval)
+    if V.check_flag("use_gate_in_kernel", use_gate_in_kernel):
+        g = _gate_shape(g, v, False, 0)
+        if A_log is None:
+            raise ValueError("A_log: required when use_gate_in_kernel=True")
+        HV = g.shape[2]
+        bias = 0.0 if dt_bias is None else _heads_param("dt_bias", dt_bias, (HV,), "[HV]")
+        g = -_heads_param("A_log", A_log, (HV,), "[HV]").exp() * F.softplus(_float(g) + bias)
+    return _state_out(_attention(q, k, v, g, "scalar", beta, True, scale, _state_in(initial_state, state_v_first),
+                                 output_final_state, cu_seqlens, cu_seqlens_cpu, check_finite), state_v_first)
 
 
 def chunk_kda(
@@ -96,21 +231,63 @@ def chunk_kda(
     scale: float | None = None,
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
-    *,
-    cu_seqlens: torch.Tensor | None = None,
     use_qk_l2norm_in_kernel: bool = False,
+    use_gate_in_kernel: bool = False,
+    use_beta_sigmoid_in_kernel: bool = False,
+    allow_neg_eigval: bool = False,
+    safe_gate: bool = False,
+    lower_bound: float | None = None,
+    disable_recompute: bool = False,
+    return_intermediate_states: bool = False,
+    state_v_first: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
     cu_seqlens_cpu: torch.Tensor | None = None,
+    cp_context: object | None = None,
+    use_graph: bool = False,
+    max_num_seqs: int | None = None,
+    *,
+    A_log: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    chunk_size: int = 64,
     check_finite: bool = False,
+    **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Kimi Delta Attention: as GDN with the log gate per key channel, g [B, T, HV, K].
+    """Kimi Delta Attention with FLA 0.6's signature: as GDN with the log gate per key channel, g [B, T, HV, K].
+
+    With ``use_gate_in_kernel`` g is the raw gate input: g = -exp(A_log) softplus(g + dt_bias), or with
+    ``lower_bound`` g = lower_bound sigmoid(exp(A_log) (g + dt_bias)) (A_log [HV] optional there, dt_bias
+    [HV * K] optional); without it A_log and dt_bias are ignored, as FLA does. ``safe_gate`` requires
+    -5 <= lower_bound < 0 with the in-kernel gate. ``disable_recompute``, ``use_graph`` and ``max_num_seqs`` only
+    tune FLA's own kernels and are unused; other keyword arguments are ignored, as FLA does.
 
     On Hopper the intra-chunk scores use 16-token sub-chunks: exact while no key channel decays by more
-    than e^-80 within 16 tokens (mean log gate >= -5 per token, KDA's lower bound).
-
-    ``check_finite=True`` raises ValueError at the first NaN/inf input, naming it and its position (one host sync);
-    otherwise non-finite inputs spread as docs/exactness.md says."""
-    return _attention(q, k, v, g, "channel", beta, True, scale, initial_state, output_final_state, cu_seqlens,
-                      cu_seqlens_cpu, use_qk_l2norm_in_kernel, check_finite)
+    than e^-80 within 16 tokens (mean log gate >= -5 per token, KDA's lower bound)."""
+    state_v_first = _fla_kwargs(kwargs, state_v_first, head_first_raises=False, layout_alias=True)
+    _chunk_size(chunk_size, (32, 64))
+    _no_cp(cp_context)
+    if V.check_flag("return_intermediate_states", return_intermediate_states):
+        raise ValueError("return_intermediate_states: the per-chunk states are not returned; pass False")
+    for name, flag in (("safe_gate", safe_gate), ("disable_recompute", disable_recompute), ("use_graph", use_graph)):
+        V.check_flag(name, flag)
+    if lower_bound is not None and (isinstance(lower_bound, bool) or not isinstance(lower_bound, (int, float))):
+        raise TypeError(f"lower_bound: expected a float or None, got {type(lower_bound).__name__}")
+    q, k, beta = _qk_beta(q, k, beta, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval)
+    if V.check_flag("use_gate_in_kernel", use_gate_in_kernel):
+        if A_log is None and lower_bound is None:
+            raise ValueError("A_log: required when use_gate_in_kernel=True and lower_bound is not set")
+        if safe_gate and (lower_bound is None or not -5 <= lower_bound < 0):
+            raise ValueError(f"lower_bound: safe_gate with use_gate_in_kernel needs -5 <= lower_bound < 0, "
+                             f"got {lower_bound}")
+        g = _gate_shape(g, v, True, q.shape[-1])
+        HV, K = g.shape[2], g.shape[3]
+        x = _float(g) + (0.0 if dt_bias is None else _heads_param("dt_bias", dt_bias, (HV, K), "[HV * K]"))
+        a = None if A_log is None else _heads_param("A_log", A_log, (HV, 1), "[HV]").exp()
+        if lower_bound is None:
+            g = -a * F.softplus(x)
+        else:
+            g = lower_bound * torch.sigmoid(x if a is None else a * x)
+    return _state_out(_attention(q, k, v, g, "channel", beta, True, scale, _state_in(initial_state, state_v_first),
+                                 output_final_state, cu_seqlens, cu_seqlens_cpu, check_finite), state_v_first)
 
 
 def chunk_delta_rule(
@@ -121,18 +298,44 @@ def chunk_delta_rule(
     scale: float | None = None,
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
-    *,
-    cu_seqlens: torch.Tensor | None = None,
     use_qk_l2norm_in_kernel: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
     cu_seqlens_cpu: torch.Tensor | None = None,
+    *,
+    chunk_size: int = 64,
     check_finite: bool = False,
+    **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """DeltaNet (ladder level 4): the delta rule with no gate.
-
-    ``check_finite=True`` raises ValueError at the first NaN/inf input, naming it and its position (one host sync);
-    otherwise non-finite inputs spread as docs/exactness.md says."""
+    """DeltaNet (ladder level 4) with FLA 0.6's signature: the delta rule with no gate. Other keyword arguments
+    are ignored, as FLA does (which also takes float32 here)."""
+    _fla_kwargs(kwargs, False, head_first_raises=True, layout_alias=False)
+    _chunk_size(chunk_size, (16, 32, 64))
+    q, k, beta = _qk_beta(q, k, beta, use_qk_l2norm_in_kernel, False, False)
     return _attention(q, k, v, None, "none", beta, True, scale, initial_state, output_final_state, cu_seqlens,
-                      cu_seqlens_cpu, use_qk_l2norm_in_kernel, check_finite)
+                      cu_seqlens_cpu, check_finite)
+
+
+def _normalize(o, q, k, scale: float, z_init, cu_seqlens):
+    """FLA's linear-attention normaliser: o / (scale q_t . (z_init + sum_{s <= t} k_s) + 1e-10) per sequence, and
+    the running key sum z [N, 1, H, K] in k's dtype. Computed in float32 (float64 stays), without host reads."""
+    qf, kf = _float(q), _float(k)
+    B, T, H, K = k.shape
+    if cu_seqlens is None:
+        k_cum = kf.cumsum(1)
+        if z_init is not None:
+            k_cum = k_cum + _float(z_init)
+        z = k_cum[:, -1:] if T else (kf.new_zeros(B, 1, H, K) if z_init is None else _float(z_init))
+    else:
+        prefix = F.pad(kf[0].cumsum(0), (0, 0, 0, 0, 1, 0))  # [T + 1, H, K], prefix[t] = sum of tokens < t
+        cu = cu_seqlens.long()
+        seq = torch.searchsorted(cu[1:], torch.arange(T, device=k.device), right=True)
+        k_cum = prefix[1:] - prefix[cu[seq]]
+        z = prefix[cu[1:]] - prefix[cu[:-1]]
+        if z_init is not None:
+            k_cum, z = k_cum + _float(z_init)[seq, 0], z + _float(z_init)[:, 0]
+        k_cum, z = k_cum[None], z[:, None]
+    denom = (qf * scale * k_cum).sum(-1, keepdim=True) + 1e-10
+    return (_float(o) / denom.repeat_interleave(o.shape[2] // H, dim=2)).to(o.dtype), z.to(k.dtype)
 
 
 def chunk_linear_attn(
@@ -140,41 +343,68 @@ def chunk_linear_attn(
     k: torch.Tensor,
     v: torch.Tensor,
     scale: float | None = None,
-    initial_state: torch.Tensor | None = None,
+    initial_state: torch.Tensor | tuple | None = None,
     output_final_state: bool = False,
-    *,
+    normalize: bool = True,
     cu_seqlens: torch.Tensor | None = None,
+    *,
     cu_seqlens_cpu: torch.Tensor | None = None,
     check_finite: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Plain causal linear attention (ladder level 1), unnormalised (FLA's ``normalize=False``).
+) -> tuple[torch.Tensor, torch.Tensor | tuple | None]:
+    """Plain causal linear attention (ladder level 1) with FLA 0.6's signature.
 
-    ``check_finite=True`` raises ValueError at the first NaN/inf input, naming it and its position (one host sync);
-    otherwise non-finite inputs spread as docs/exactness.md says."""
-    return _attention(q, k, v, None, "none", None, False, scale, initial_state, output_final_state, cu_seqlens,
-                      cu_seqlens_cpu, check_finite=check_finite)
+    ``normalize=True`` (FLA's default) divides o_t by scale q_t . (z_0 + sum_{s <= t} k_s) + 1e-10 and returns
+    ``(o, (final_state or None, z))`` with z [N, 1, H, K] the running key sum in k's dtype; ``initial_state`` may
+    then be the pair ``(S_0, z_0)``. The normaliser is an output transform in PyTorch after the unchanged kernels.
+    ``normalize=False`` returns ``(o, final_state or None)``."""
+    q, k = _tensor("q", q), _tensor("k", k, "[B, T, H, K]")
+    z_init = None
+    if V.check_flag("normalize", normalize) and isinstance(initial_state, tuple):
+        if len(initial_state) != 2:
+            raise ValueError(f"initial_state: expected a pair (S_0, z_0), got {len(initial_state)} items")
+        initial_state, z_init = initial_state
+    result = _attention(q, k, v, None, "none", None, False, scale, initial_state, output_final_state, cu_seqlens,
+                        cu_seqlens_cpu, check_finite)
+    if not normalize:
+        return result
+    B, T, H, K = k.shape
+    N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    if z_init is not None:
+        V._expect_shape("initial_state", _tensor("initial_state", z_init), (N, 1, H, K), "z_0 [N, 1, H, K]")
+    o, z = _normalize(result[0], q, k, K ** -0.5 if scale is None else V.check_scale(scale), z_init, cu_seqlens)
+    return o, (result[1], z)
 
 
 def chunk_simple_gla(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    g: torch.Tensor,
+    g: torch.Tensor | None = None,
+    g_gamma: torch.Tensor | None = None,
     scale: float | None = None,
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
-    *,
+    state_v_first: bool = False,
     cu_seqlens: torch.Tensor | None = None,
     cu_seqlens_cpu: torch.Tensor | None = None,
+    *,
+    chunk_size: int | None = None,
     check_finite: bool = False,
+    **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Scalar-gated linear attention (ladder level 2-3): g [B, T, HV] per-token log gate; a
-    constant g is level 2's fixed decay.
-
-    ``check_finite=True`` raises ValueError at the first NaN/inf input, naming it and its position (one host sync);
-    otherwise non-finite inputs spread as docs/exactness.md says."""
-    return _attention(q, k, v, g, "scalar", None, False, scale, initial_state, output_final_state, cu_seqlens,
-                      cu_seqlens_cpu, check_finite=check_finite)
+    """Scalar-gated linear attention (ladder level 2-3) with FLA 0.6's signature: g [B, T, HV] per-token log gate
+    and/or g_gamma [HV] a constant log decay per head; both add in log space, neither gives plain linear attention.
+    Other keyword arguments are ignored, as FLA does."""
+    state_v_first = _fla_kwargs(kwargs, state_v_first, head_first_raises=True, layout_alias=False)
+    if chunk_size is not None:
+        _chunk_size(chunk_size, None)
+    if g_gamma is not None:
+        v = _tensor("v", v, "[B, T, HV, V]")
+        gamma = _heads_param("g_gamma", g_gamma, (v.shape[2],), "[HV]").expand(*v.shape[:3]).contiguous()
+        g = gamma if g is None else _float(_gate_shape(g, v, False, 0)) + gamma
+    gate = "none" if g is None else "scalar"
+    return _state_out(_attention(q, k, v, g, gate, None, False, scale, _state_in(initial_state, state_v_first),
+                                 output_final_state, cu_seqlens, cu_seqlens_cpu, check_finite), state_v_first)
 
 
 def chunk_gla(
@@ -185,21 +415,21 @@ def chunk_gla(
     scale: float | None = None,
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
-    *,
+    state_v_first: bool = False,
     cu_seqlens: torch.Tensor | None = None,
     cu_seqlens_cpu: torch.Tensor | None = None,
+    *,
     check_finite: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Gated linear attention (ladder level 3): g [B, T, HV, K] per-token, per-key-channel log gate, <= 0 (a decay).
+    """Gated linear attention (ladder level 3) with FLA 0.6's signature: g [B, T, HV, K] per-token, per-key-channel
+    log gate, <= 0 (a decay).
 
     On Hopper a 64-token chunk's intra-chunk scores come from one product while no key channel decays by more than
     e^-80 over it, else from 16-token sub-chunks: exact while no key channel decays by more than e^-80 within 16
-    tokens (mean log gate >= -5 per token). A bf16/fp16 gate is converted to fp32 first (one pass over it).
-
-    ``check_finite=True`` raises ValueError at the first NaN/inf input, naming it and its position (one host sync);
-    otherwise non-finite inputs spread as docs/exactness.md says."""
-    return _attention(q, k, v, g, "channel", None, False, scale, initial_state, output_final_state, cu_seqlens,
-                      cu_seqlens_cpu, check_finite=check_finite)
+    tokens (mean log gate >= -5 per token). A bf16/fp16 gate is converted to fp32 first (one pass over it)."""
+    V.check_flag("state_v_first", state_v_first)
+    return _state_out(_attention(q, k, v, g, "channel", None, False, scale, _state_in(initial_state, state_v_first),
+                                 output_final_state, cu_seqlens, cu_seqlens_cpu, check_finite), state_v_first)
 
 
 def kkt_solve(
