@@ -40,7 +40,7 @@ def _state_dtype(q: Tensor) -> torch.dtype:
 def chunk_attention(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor | None,
                     initial_state: Tensor | None, cu_seqlens: Tensor | None, cu_seqlens_cpu: Tensor | None,
                     gate: str, delta: bool, scale: float | None, output_final_state: bool,
-                    check_finite: bool) -> tuple[Tensor, Tensor]:
+                    check_finite: bool = False) -> tuple[Tensor, Tensor]:
     """(o, final state); the state is an empty tensor unless output_final_state. Validates, then dispatches."""
     from .ops import _dispatch
 
@@ -51,7 +51,7 @@ def chunk_attention(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Ten
 
 @chunk_attention.register_fake
 def _(q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu, gate, delta, scale, output_final_state,
-      check_finite):
+      check_finite=False):
     B, T, HV, Vd = v.shape
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     state = (N, HV, q.shape[3], Vd) if output_final_state else (0,)
