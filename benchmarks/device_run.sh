@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# One call on the H200: fill the kernel caches, GPU tests of the TileLang path, then benchmarks against FLA and
-# FlashQLA.
+# One call on the H200: fill the kernel caches, the GPU tests (every test marked gpu), then benchmarks against FLA
+# and FlashQLA.
 #   device run, carry [".gpu-bundle", ".devrun"]:
-#   . .gpu-bundle/setup.sh && bash benchmarks/device_run.sh [--full] [--no-tests] [op ...]
+#   . .gpu-bundle/setup.sh && bash benchmarks/device_run.sh [--full] [--no-tests] [--no-bench] [op ...]
 #   ops: gdn (default), ladder, kkt_solve, chunk_local_cumsum, state_pass; --full runs every case instead of --quick.
 #   Time limits (s): PRECOMPILE_TIMEOUT (0 skips the precompile), TEST_TIMEOUT, BENCH_TIMEOUT, or
 #   BENCH_TIMEOUT_<op> for one op; DEADLINE (epoch seconds) cuts every benchmark short of it. TEST_PROCS: pytest-xdist
@@ -19,11 +19,12 @@ mkdir -p "$OUT"
 cache_in
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw --format=csv,noheader
 t0=$(date +%s)
-quick=--quick tests=1
+quick=--quick tests=1 bench=1
 while [ $# -gt 0 ]; do
   case $1 in
     --full) quick= ;;
     --no-tests) tests= ;;
+    --no-bench) bench= ;;
     *) break ;;
   esac
   shift
@@ -36,13 +37,12 @@ fi
 if [ -n "$tests" ]; then
   workers=(-n "${TEST_PROCS:-16}")
   python -c "import xdist" 2>/dev/null || workers=()
-  timeout "${TEST_TIMEOUT:-240}" python -m pytest -q -p no:cacheprovider --tb=short "${workers[@]}" \
-    tests/test_gpu_ops.py tests/test_gpu_gdn.py tests/test_gpu_ladder.py tests/test_gpu_kkt.py 2>&1 \
-    | grep -v INFO > "$OUT/pytest_gpu.log"
+  timeout "${TEST_TIMEOUT:-240}" python -m pytest -q -p no:cacheprovider --tb=short "${workers[@]}" -m gpu tests \
+    2>&1 | grep -v INFO > "$OUT/pytest_gpu.log"
   grep -E "passed|failed|FAILED|Error" "$OUT/pytest_gpu.log" | tail -15
   echo "tests: $(( $(date +%s) - t0 )) s"
 fi
-for op in "${@:-gdn}"; do
+for op in ${bench:+"${@:-gdn}"}; do
   limit=BENCH_TIMEOUT_$op  # per op, else BENCH_TIMEOUT
   limit=${!limit:-${BENCH_TIMEOUT:-300}}
   # DEADLINE (epoch seconds): leave 30 s for the cache's tarball
