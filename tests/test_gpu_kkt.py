@@ -21,7 +21,7 @@ if not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 
     pytest.skip("needs a Hopper (sm_90) GPU", allow_module_level=True)
 
 from tilela import chunk_local_cumsum, kkt_solve  # noqa: E402
-from tilela.kernels.hopper import KKT_METHODS  # noqa: E402
+from tilela.kernels.hopper import KKT_METHODS, launch, plan  # noqa: E402
 
 DEV = "cuda"
 # rel L2 of A - I vs float64 (the exact diagonal would hide errors): output rounding alone gives 1.7e-3 (bf16)
@@ -128,7 +128,11 @@ def test_kkt_solve_per_channel_gate(chunk, method, dtype, kind):
     g = torch.nn.functional.logsigmoid(2 * torch.randn(B, T, HV, K, generator=gen) - 1).clamp_min(-5)
     g[..., : K // 4] = 0
     gc = reference.chunk_local_cumsum(g, chunk, cu).float()
-    A = kkt_solve(k.to(DEV), beta.to(DEV), gc.to(DEV), chunk, None if cu is None else cu.to(DEV), method=method)
+    # the public op takes a scalar gate only; the per-channel kernel runs in chunk_kda's pipeline, so its launcher
+    key = plan.kkt_key(chunk, method, launch.DTYPES[dtype], "channel", HV // H)
+    k_dev = k.to(DEV)
+    A = launch.launch_kkt(key, k_dev, beta.to(DEV), gc.to(DEV),
+                          launch.Schedule.of(k_dev, None if cu is None else cu.to(DEV)))
     ref = reference.kkt_solve(k, beta, gc, chunk, cu)
     assert A.dtype == dtype and A.shape == (B, T, HV, chunk)
     assert torch.isfinite(A).all()
