@@ -17,3 +17,25 @@ from tilela.kernels.hopper import chunk_fwd_ws  # noqa: E402
 ])
 def test_input_stages_fill_shared_memory(block_DV, gate, delta, store_output, stages):
     assert chunk_fwd_ws.input_stages(128, block_DV, gate, delta, store_output) == stages
+
+
+def test_ring_parities_follow_the_slot_fills():
+    """Chunk c of a 3-slot ring: readers wait for the slot's (c // 3)-th fill, the writer for the release of chunk
+    c - 3 (a fresh barrier passes parity 1, so chunks 0-2 do not wait)."""
+    ring = chunk_fwd_ws.Ring("ready", "free", 3, 32, 128)
+    assert [ring.slot(c) for c in range(7)] == [0, 1, 2, 0, 1, 2, 0]
+    assert [ring.ready_parity(c) for c in range(7)] == [0, 0, 0, 1, 1, 1, 0]
+    assert [ring.free_parity(c) for c in range(7)] == [1, 1, 1, 0, 0, 0, 1]
+
+
+def test_every_shipped_configuration_fits_shared_memory():
+    """The buffers WsConfig allocates (the input slots included) fit the 226 KiB the accounting allows, for every
+    warp-specialised configuration tilela.precompile lists."""
+    from tilela.precompile import jobs
+
+    configs = {job.config for job in jobs() if job.kind == "ws"}
+    assert configs
+    for K, V, gate, delta, _, _, _, block_DV, store_output in configs:
+        cfg = chunk_fwd_ws.WsConfig.derive(K, V, gate, delta, block_DV, store_output)
+        assert sum(buffer.bytes for buffer in cfg.shared) <= chunk_fwd_ws.SHARED_BYTES, cfg
+        assert cfg.stages == chunk_fwd_ws.input_stages(K, block_DV, gate, delta, store_output)
