@@ -7,7 +7,8 @@ the roofline counts of a case. For every case the harness
     input set 0 with the first implementation's (`rel_err_vs`), and times it as a CUDA graph replaying one call per
     input set: median over `replays` replays of (replay time / rotations), warm-up replays excluded;
 and times it eagerly too (`eager_ms`: one call per input set from the host, launch gaps and host overhead
-included, as a serving engine runs prefill without a graph); on the op's small check cases it compares every
+included, as a serving engine runs prefill without a graph) and records its peak device memory (`peak_bytes`: one
+call's outputs and workspace beyond the inputs); on the op's small check cases it compares every
 implementation with the float64 reference (`rel_err`).
 Records (op, case, impl, ms, rel_err, rel_err_vs, floor, device, versions) go to a JSON file under
 benchmarks/results/, and a markdown table with the ratios to the first implementation and the roofline floor
@@ -183,6 +184,17 @@ def time_eager(fn: Callable[[dict[str, Any]], Any], input_sets: list[dict[str, A
     return statistics.median(times)
 
 
+def peak_bytes(fn: Callable[[dict[str, Any]], Any], inputs: dict[str, Any]) -> int:
+    """Device memory one eager call of fn takes at its peak beyond what was allocated before it (its outputs and
+    workspace; the inputs excluded)."""
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn(inputs)
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - before
+
+
 def kernel_times(fn: Callable[[dict[str, Any]], Any], inputs: dict[str, Any], calls: int = 5) -> dict[str, float]:
     """Microseconds per call of each GPU kernel fn launches (torch.profiler over `calls` eager calls, after one
     warm-up call), largest first: where an implementation's time goes."""
@@ -273,8 +285,9 @@ def run(op: str, quick: bool = False, replays: int = 30, impls: list[str] | None
                     continue
                 eager_ms = ms if timing == "eager" else _attempt(time_eager, lambda x, fn=fn: fn(case, x),
                                                                 input_sets, replays)[0]
-                record(case, impl, kind="time", ms=ms, eager_ms=eager_ms, rel_err=None, rel_err_vs={base_impl: err},
-                       rotations=rotations, timing=timing)
+                peak = _attempt(peak_bytes, lambda x, fn=fn: fn(case, x), first)[0]
+                record(case, impl, kind="time", ms=ms, eager_ms=eager_ms, peak_bytes=peak, rel_err=None,
+                       rel_err_vs={base_impl: err}, rotations=rotations, timing=timing)
                 eager = "-" if eager_ms is None else f"{eager_ms:.4f}"
                 bar.echo(f"{case.name:40s} {impl:24s} {ms:9.4f} ms (eager {eager})  vs {base_impl}: {err:.2e} "
                          f"({timing})")
