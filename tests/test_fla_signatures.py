@@ -263,7 +263,6 @@ def test_fla_s_rejections():
         (lambda: tilela.chunk_gated_delta_rule(q, k, v, gs, beta, chunk_size=128), "chunk_size"),
         (lambda: tilela.chunk_kda(q, k, v, x["gc"], beta, chunk_size=16), "chunk_size"),
         (lambda: tilela.chunk_simple_gla(q, k, v, gs, chunk_size=48), "chunk_size"),
-        (lambda: tilela.chunk_gated_delta_rule(q, k, v, gs, beta, cp_context=object()), "cp_context"),
         (lambda: tilela.chunk_kda(q, k, v, x["gc"], beta, return_intermediate_states=True),
          "return_intermediate_states"),
     ]
@@ -272,6 +271,8 @@ def test_fla_s_rejections():
             call()
     with pytest.raises(TypeError, match="normalize"):
         tilela.chunk_linear_attn(q, k, v, normalize=1)
+    with pytest.raises(TypeError, match="cp_context"):  # a tilela.distributed.CPContext is expected
+        tilela.chunk_gated_delta_rule(q, k, v, gs, beta, cp_context=object())
     with pytest.raises(TypeError):
         tilela.chunk_gla(q, k, v, x["gc"], head_first=False)  # no **kwargs in FLA's chunk_gla either
 

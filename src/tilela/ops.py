@@ -129,9 +129,19 @@ def _fla_kwargs(kwargs: dict, state_v_first: bool, *, head_first_raises: bool, l
     return V.check_flag("state_v_first", state_v_first)
 
 
-def _no_cp(cp_context) -> None:
-    if cp_context is not None:
-        raise ValueError("cp_context: context parallelism across devices is not supported; pass None")
+def _cp_attention(cp_context, q, k, v, g, g_kind, beta, scale, initial_state, output_final_state, check_finite):
+    """A delta-rule call context-parallel over ``cp_context`` (tilela.distributed.build_cp_context): this rank's
+    tokens in, its outputs and every sequence's final state out. The context's rank-local boundaries replace the
+    call's ``cu_seqlens``, as FLA's; unlike FLA, ``initial_state`` (all sequences, the same on every rank) and
+    ``output_final_state`` are honoured."""
+    from . import distributed
+
+    def local(v_, h0, final):
+        return _attention(q, k, v_, g, g_kind, beta, True, scale, h0, final, cp_context.cu_seqlens,
+                          cp_context.cu_seqlens_cpu, check_finite)
+
+    return distributed.context_parallel(local, cp_context, v, _tensor("k", k).shape[-1], initial_state,
+                                        V.check_flag("output_final_state", output_final_state), delta=True)
 
 
 def _qk_beta(q, k, beta, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval):
@@ -209,7 +219,6 @@ def chunk_gated_delta_rule(
     are ignored, as FLA does."""
     state_v_first = _fla_kwargs(kwargs, state_v_first, head_first_raises=True, layout_alias=True)
     _chunk_size(chunk_size, (16, 32, 64))
-    _no_cp(cp_context)
     q, k, beta = _qk_beta(q, k, beta, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval)
     if V.check_flag("use_gate_in_kernel", use_gate_in_kernel):
         g = _gate_shape(g, v, False, 0)
@@ -218,6 +227,10 @@ def chunk_gated_delta_rule(
         HV = g.shape[2]
         bias = 0.0 if dt_bias is None else _heads_param("dt_bias", dt_bias, (HV,), "[HV]")
         g = -_heads_param("A_log", A_log, (HV,), "[HV]").exp() * F.softplus(_float(g) + bias)
+    if cp_context is not None:
+        return _state_out(_cp_attention(cp_context, q, k, v, g, "scalar", beta, scale,
+                                        _state_in(initial_state, state_v_first), output_final_state, check_finite),
+                          state_v_first)
     return _state_out(_attention(q, k, v, g, "scalar", beta, True, scale, _state_in(initial_state, state_v_first),
                                  output_final_state, cu_seqlens, cu_seqlens_cpu, check_finite), state_v_first)
 
@@ -264,7 +277,6 @@ def chunk_kda(
     than e^-80 within 16 tokens (mean log gate >= -5 per token, KDA's lower bound)."""
     state_v_first = _fla_kwargs(kwargs, state_v_first, head_first_raises=False, layout_alias=True)
     _chunk_size(chunk_size, (32, 64))
-    _no_cp(cp_context)
     if V.check_flag("return_intermediate_states", return_intermediate_states):
         raise ValueError("return_intermediate_states: the per-chunk states are not returned; pass False")
     for name, flag in (("safe_gate", safe_gate), ("disable_recompute", disable_recompute), ("use_graph", use_graph)):
@@ -286,6 +298,10 @@ def chunk_kda(
             g = -a * F.softplus(x)
         else:
             g = lower_bound * torch.sigmoid(x if a is None else a * x)
+    if cp_context is not None:
+        return _state_out(_cp_attention(cp_context, q, k, v, g, "channel", beta, scale,
+                                        _state_in(initial_state, state_v_first), output_final_state, check_finite),
+                          state_v_first)
     return _state_out(_attention(q, k, v, g, "channel", beta, True, scale, _state_in(initial_state, state_v_first),
                                  output_final_state, cu_seqlens, cu_seqlens_cpu, check_finite), state_v_first)
 
