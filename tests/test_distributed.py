@@ -101,6 +101,8 @@ def check_rejections(ctx: cp.CPContext, x: dict) -> None:
         (ValueError, "v: expected this rank's", lambda: cp.cp_call(tilela.chunk_linear_attn, q, k, v[:, 1:],
                                                                    normalize=False, cp_context=ctx)),
         (TypeError, "op", lambda: cp.cp_call(tilela.kkt_solve, k, cp_context=ctx)),
+        (ValueError, "q: requires grad", lambda: cp.cp_call(tilela.chunk_linear_attn, q.detach().requires_grad_(),
+                                                            k, v, normalize=False, cp_context=ctx)),
     ]
     for error, word, call in bad:
         with pytest.raises(error, match=word):

@@ -124,11 +124,18 @@ LocalOp = Callable[[torch.Tensor, "torch.Tensor | None", bool], tuple[torch.Tens
 
 
 def context_parallel(local: LocalOp, ctx: CPContext, v: torch.Tensor, K: int, initial_state: torch.Tensor | None,
-                     output_final_state: bool, delta: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+                     output_final_state: bool, delta: bool, inputs: dict) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Steps 1-4 of the module docstring. ``local(v, initial_state, output_final_state)`` runs the op on this rank's
     tokens (v [1, T_local, HV, V'], states [pieces, HV, K, V'] in the [K, V] layout, the context's local
-    cu_seqlens); ``initial_state`` [N, HV, K, V] (every sequence, the same on every rank) or None."""
+    cu_seqlens); ``initial_state`` [N, HV, K, V] (every sequence, the same on every rank) or None. ``inputs``: the
+    call's tensors by name. Forward only: the exchange carries no gradient, so an input that requires grad (with
+    grad mode on) raises."""
     _expect_context(ctx)
+    if torch.is_grad_enabled():
+        for name, x in inputs.items():
+            if isinstance(x, torch.Tensor) and x.requires_grad:
+                raise ValueError(f"{name}: requires grad, but cp_context runs the forward only (the exchange "
+                                 f"carries no gradient); call under torch.no_grad() or detach it")
     v = V._expect_tensor("v", v)
     V._expect_rank("v", v, 4, "[1, T_local, HV, V]")
     span = ctx.bounds[ctx.rank + 1] - ctx.bounds[ctx.rank]
@@ -206,4 +213,5 @@ def cp_call(op: Callable, *args, cp_context: CPContext, **kwargs) -> tuple[torch
         return op(**dict(call, v=v, initial_state=h0, output_final_state=final))
 
     return context_parallel(local, cp_context, call["v"], call["k"].shape[-1], call.get("initial_state"),
-                            V.check_flag("output_final_state", call.get("output_final_state", False)), _DELTA[op])
+                            V.check_flag("output_final_state", call.get("output_final_state", False)), _DELTA[op],
+                            call)

@@ -141,7 +141,8 @@ def _cp_attention(cp_context, q, k, v, g, g_kind, beta, scale, initial_state, ou
                           cp_context.cu_seqlens_cpu, check_finite)
 
     return distributed.context_parallel(local, cp_context, v, _tensor("k", k).shape[-1], initial_state,
-                                        V.check_flag("output_final_state", output_final_state), delta=True)
+                                        V.check_flag("output_final_state", output_final_state), delta=True,
+                                        inputs=dict(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state))
 
 
 def _qk_beta(q, k, beta, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval):
