@@ -145,38 +145,47 @@ def context_parallel(local: LocalOp, ctx: CPContext, v: torch.Tensor, K: int, in
     if initial_state is not None:
         V._expect_tensor("initial_state", initial_state)
         V._expect_shape("initial_state", initial_state, (N, HV, K, Vd), "[N, HV, K, V] of the whole batch")
-    mine = ctx.pieces(ctx.rank)
-    _, B = local(v, None, True)
-    eye = torch.eye(K, dtype=B.dtype, device=B.device).expand(len(mine), HV, K, K)
-    _, M = local(v.new_zeros(1, span, HV, K), eye.contiguous(), True)
-    summary = torch.cat([B, M if delta else M.diagonal(dim1=-2, dim2=-1)[..., None]], dim=-1)
-
     world = len(ctx.bounds) - 1
     pieces = [ctx.pieces(r) for r in range(world)]
-    most = max(len(p) for p in pieces)
-    padded = summary.new_zeros(most, *summary.shape[1:])
-    padded[: len(mine)] = summary
-    gathered = [torch.empty_like(padded) for _ in range(world)]
-    dist.all_gather(gathered, padded, group=ctx.group)
     table = [(n, r, i) for r in range(world) for i, (n, _, _) in enumerate(pieces[r])]
-    flat = torch.stack([gathered[r][i] for _, r, i in table])
-    B_all, M_all = flat[..., :Vd], flat[..., Vd:]
-
-    S = B.new_zeros(N, HV, K, Vd) if initial_state is None else initial_state.to(B.dtype).clone()
-    S_in = torch.empty_like(B_all)
     index_in_seq: list[int] = []  # a sequence's pieces follow one another in the table (token order)
     for p, (n, _, _) in enumerate(table):
         index_in_seq.append(index_in_seq[-1] + 1 if p and table[p - 1][0] == n else 0)
+    offset, mine = sum(len(p) for p in pieces[: ctx.rank]), range(len(pieces[ctx.rank]))
+    # What this rank's pieces need: B when a later piece or the final state reads their exit state, M too unless
+    # they enter from a zero state (a sequence's first piece without initial_state).
+    feeds = [output_final_state or (p + 1 < len(table) and table[p + 1][0] == table[p][0])
+             for p in range(offset, offset + len(mine))]
+    zero_in = [index_in_seq[offset + i] == 0 and initial_state is None for i in mine]
+    dtype = torch.float64 if v.dtype == torch.float64 else torch.float32
+    o = B = M = None
+    if any(feeds):
+        o, B = local(v, None, True)
+    if any(f and not z for f, z in zip(feeds, zero_in)):
+        eye = torch.eye(K, dtype=dtype, device=v.device).expand(len(mine), HV, K, K)
+        _, M = local(v.new_zeros(1, span, HV, K), eye.contiguous(), True)
+    summary = v.new_zeros(max(len(p) for p in pieces), HV, K, Vd + (K if delta else 1), dtype=dtype)
+    if B is not None:
+        summary[: len(mine), ..., :Vd] = B
+    if M is not None:
+        summary[: len(mine), ..., Vd:] = M if delta else M.diagonal(dim1=-2, dim2=-1)[..., None]
+    gathered = [torch.empty_like(summary) for _ in range(world)]
+    dist.all_gather(gathered, summary, group=ctx.group)
+    flat = torch.stack([gathered[r][i] for _, r, i in table])
+    B_all, M_all = flat[..., :Vd], flat[..., Vd:]
+
+    S = summary.new_zeros(N, HV, K, Vd) if initial_state is None else initial_state.to(dtype).clone()
+    S_in = torch.empty_like(B_all)
     for j in range(max(index_in_seq) + 1):
         rows = [p for p, i in enumerate(index_in_seq) if i == j]
-        at, seqs = (torch.tensor(x, device=B.device) for x in (rows, [table[p][0] for p in rows]))
+        at, seqs = (torch.tensor(x, device=v.device) for x in (rows, [table[p][0] for p in rows]))
         S_prev = S.index_select(0, seqs)
         S_in.index_copy_(0, at, S_prev)
         step = M_all[at] @ S_prev if delta else M_all[at] * S_prev
         S.index_copy_(0, seqs, step + B_all[at])
 
-    offset = sum(len(p) for p in pieces[: ctx.rank])
-    o, _ = local(v, S_in[offset: offset + len(mine)].contiguous(), False)
+    if o is None or not all(zero_in):  # from zero entering states the B pass gave the outputs already
+        o, _ = local(v, S_in[offset: offset + len(mine)].contiguous(), False)
     return o, (S if output_final_state else None)
 
 
