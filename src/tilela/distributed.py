@@ -15,6 +15,9 @@ its diagonal travels. Then:
                by piece index, so at most world-size steps;
   4. outputs   each rank: the op over its pieces from their entering states.
 
+A rank skips the passes nothing reads: B where no later piece and no final state needs it, M where its pieces start
+their sequences from a zero state, and step 4 where every piece enters from zero (the B pass's outputs are those).
+
 Every rank returns its tokens' outputs and the same full final states ``[N, HV, K, V]`` (all sequences of the
 batch, from the combine). The ops run per rank as usual, so tensors on CUDA with NCCL take the Hopper kernels where
 the op does (the M pass has K value columns: the kernels' K = V case). Nothing in the combine depends on the decay
