@@ -112,6 +112,7 @@ def check_rejections(ctx: cp.CPContext, x: dict) -> None:
             call()
 
 
+@pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs torch.distributed with gloo")
 def test_context_parallel_equals_one_process(tmp_path):
     mp.spawn(worker, args=(f"file://{tmp_path / 'rendezvous'}",), nprocs=3, join=True)
 
