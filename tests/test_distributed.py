@@ -80,6 +80,8 @@ def worker(rank: int, init: str) -> None:
         pair = dist.new_group([0, 1])
         for world, group in ((2, pair), (3, None)):
             if rank >= world:
+                with pytest.raises(ValueError, match="not a member"):
+                    cp.build_cp_context(torch.tensor(CU[world]), group)
                 continue
             x32 = problem(CU[world], torch.float32)
             ctx = cp.build_cp_context(x32["cu"], group)

@@ -87,6 +87,8 @@ def build_cp_context(
         raise ValueError(f"cu_seqlens: expected a 1-d tensor [N+1] with N >= 1, got shape {V._shape(host)}")
     seq_bounds = V.check_cu_seqlens(cu_seqlens, cu_seqlens_cpu, 1, int(host[-1]))
     total, world, rank = seq_bounds[-1][1], dist.get_world_size(group), dist.get_rank(group)
+    if rank < 0:
+        raise ValueError("group: this process is not a member of the group")
     if bounds is None:
         if total % world:
             raise ValueError(f"cu_seqlens: an even split needs the {total} tokens to divide by the {world} ranks; "
