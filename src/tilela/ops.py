@@ -15,8 +15,9 @@ input transforms applied before dispatch (l2norm of q and k, beta = sigmoid, the
 layout), so they run on every path unchanged; ``chunk_linear_attn``'s normaliser is an output transform after it.
 ``cu_seqlens_cpu`` (a host copy of ``cu_seqlens``) spares the one device-to-host copy that validating GPU-resident
 boundaries costs. ``check_finite=True`` (every op) raises ValueError at the first NaN/inf input, naming it and its
-position (one host sync); otherwise non-finite inputs spread as docs/exactness.md says. Between the transforms each attention op is one call of the custom op ``tilela::chunk_attention``
-(_library.py): it carries autograd (a recompute on the PyTorch path) and keeps torch.compile graphs whole.
+position (one host sync); otherwise non-finite inputs spread as docs/exactness.md says. Between the transforms each
+attention op is one call of the custom op ``tilela::chunk_attention`` (_library.py): it carries autograd (a
+recompute on the PyTorch path) and keeps torch.compile graphs whole.
 
 On Hopper, long sequences over few heads are split across CTAs (kernels.hopper.seq_split) by a plan made from
 the host sequence lengths. A CUDA graph captured on such a call replays correctly for those lengths (as FLA's
@@ -189,6 +190,20 @@ def _state_out(result, state_v_first: bool):
     return o, state.transpose(-1, -2).contiguous()
 
 
+def _gated_delta(q, k, v, g, gate, beta, scale, initial_state, output_final_state, state_v_first, cu_seqlens,
+                 cu_seqlens_cpu, cp_context, check_finite):
+    """GDN and KDA after their input transforms: one process, or the ranks of cp_context (tilela.distributed); the
+    state in FLA's layout either way."""
+    initial_state = _state_in(initial_state, state_v_first)
+    if cp_context is not None:
+        result = _cp_attention(cp_context, q, k, v, g, gate, beta, scale, initial_state, output_final_state,
+                               check_finite)
+    else:
+        result = _attention(q, k, v, g, gate, beta, True, scale, initial_state, output_final_state, cu_seqlens,
+                            cu_seqlens_cpu, check_finite)
+    return _state_out(result, state_v_first)
+
+
 def chunk_gated_delta_rule(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -228,12 +243,8 @@ def chunk_gated_delta_rule(
         HV = g.shape[2]
         bias = 0.0 if dt_bias is None else _heads_param("dt_bias", dt_bias, (HV,), "[HV]")
         g = -_heads_param("A_log", A_log, (HV,), "[HV]").exp() * F.softplus(_float(g) + bias)
-    if cp_context is not None:
-        return _state_out(_cp_attention(cp_context, q, k, v, g, "scalar", beta, scale,
-                                        _state_in(initial_state, state_v_first), output_final_state, check_finite),
-                          state_v_first)
-    return _state_out(_attention(q, k, v, g, "scalar", beta, True, scale, _state_in(initial_state, state_v_first),
-                                 output_final_state, cu_seqlens, cu_seqlens_cpu, check_finite), state_v_first)
+    return _gated_delta(q, k, v, g, "scalar", beta, scale, initial_state, output_final_state, state_v_first,
+                        cu_seqlens, cu_seqlens_cpu, cp_context, check_finite)
 
 
 def chunk_kda(
@@ -299,12 +310,8 @@ def chunk_kda(
             g = -a * F.softplus(x)
         else:
             g = lower_bound * torch.sigmoid(x if a is None else a * x)
-    if cp_context is not None:
-        return _state_out(_cp_attention(cp_context, q, k, v, g, "channel", beta, scale,
-                                        _state_in(initial_state, state_v_first), output_final_state, check_finite),
-                          state_v_first)
-    return _state_out(_attention(q, k, v, g, "channel", beta, True, scale, _state_in(initial_state, state_v_first),
-                                 output_final_state, cu_seqlens, cu_seqlens_cpu, check_finite), state_v_first)
+    return _gated_delta(q, k, v, g, "channel", beta, scale, initial_state, output_final_state, state_v_first,
+                        cu_seqlens, cu_seqlens_cpu, cp_context, check_finite)
 
 
 def chunk_delta_rule(
