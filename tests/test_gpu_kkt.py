@@ -21,6 +21,7 @@ if not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 
     pytest.skip("needs a Hopper (sm_90) GPU", allow_module_level=True)
 
 from tilela import chunk_local_cumsum, kkt_solve  # noqa: E402
+from tilela.kernels import hopper  # noqa: E402
 from tilela.kernels.hopper import KKT_METHODS, launch, plan  # noqa: E402
 
 DEV = "cuda"
@@ -129,7 +130,7 @@ def test_kkt_solve_per_channel_gate(chunk, method, dtype, kind):
     g[..., : K // 4] = 0
     gc = reference.chunk_local_cumsum(g, chunk, cu).float()
     # the public op takes a scalar gate only; the per-channel kernel runs in chunk_kda's pipeline, so its launcher
-    key = plan.kkt_key(chunk, method, launch.DTYPES[dtype], "channel", HV // H)
+    key = plan.kkt_key(chunk, method, hopper.DTYPE_NAMES[dtype], "channel", HV // H)
     k_dev = k.to(DEV)
     A = launch.launch_kkt(key, k_dev, beta.to(DEV), gc.to(DEV),
                           launch.Schedule.of(k_dev, None if cu is None else cu.to(DEV)))

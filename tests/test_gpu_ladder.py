@@ -150,7 +150,7 @@ def test_gla_factors_match_reference(case, cumsum):
     scale = K**-0.5
     q_d = q.cuda()
     sched = launch.Schedule.of(q_d, None if cu is None else torch.tensor(cu, dtype=torch.int32).cuda())
-    Qg, Kd, P, D = launch.launch_factors((K, launch.DTYPES[dtype], cumsum), q_d, k.cuda(),
+    Qg, Kd, P, D = launch.launch_factors((K, hopper.DTYPE_NAMES[dtype], cumsum), q_d, k.cuda(),
                                       (g if cumsum else gc).float().cuda(), scale, sched)
     G = HV // c["H"]
     qv, kv = (x.double().repeat_interleave(G, dim=2) for x in (q, k))  # value head h reads q/k head h // G

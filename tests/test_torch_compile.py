@@ -5,7 +5,6 @@ Hopper GPU (``gpu``) in bf16 at K = V = 64, where the op runs the TileLang kerne
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch._dynamo.testing import CompileCounterWithBackend
 
 import tilela

@@ -13,7 +13,7 @@ from .ops import (
     chunk_simple_gla,
     kkt_solve,
 )
-from .precompile import warmup
+from .precompile import warmup  # noqa: F401  (public, not an op: outside __all__'s op list)
 
 try:  # the installed distribution's version; "0+unknown" only for a source tree that is not installed
     __version__ = _metadata.version("tilela")

@@ -19,7 +19,8 @@ import tilelang.language as T
 
 import torch
 
-from ..kernels.hopper.launch import DTYPES, compiled, placeholder
+from ..kernels.hopper import DTYPE_NAMES
+from ..kernels.hopper.launch import compiled, placeholder
 from ..kernels.hopper.plan import CHUNK
 
 
@@ -131,7 +132,7 @@ def linear_attn_seq_in_grid(q, k, v, scale, initial_state=None, output_final_sta
         K,
         V,
         float(scale),
-        DTYPES[q.dtype],
+        DTYPE_NAMES[q.dtype],
         cu_seqlens is not None,
         initial_state is not None,
         bool(output_final_state),

@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 import torch
 
-from . import seq_split
+from . import DTYPE_NAMES, seq_split
 from .chunk_fwd import chunk_fwd_kernel
 from .chunk_fwd_ws import chunk_fwd_ws_kernel
 from .common import TILE, pass_configs, target
@@ -34,7 +34,6 @@ from .kkt_solve import kkt_solve_kernel
 from .plan import Plan
 from .seq_combine import seq_combine_kernel
 
-DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 STATE_PASSES = {"ws": chunk_fwd_ws_kernel, "loop": chunk_fwd_kernel}
 
 
@@ -184,7 +183,7 @@ def forward(plan: Plan, q, k, v, g, beta, initial_state=None, cu_seqlens=None, *
     _check(plan, q, v, g, beta, initial_state, sched)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     if g is not None:
-        g = g.contiguous() if g.dtype in DTYPES else g.float().contiguous()
+        g = g.contiguous() if g.dtype in DTYPE_NAMES else g.float().contiguous()
         g = launch_cumsum(plan.cumsum, g, sched) if plan.cumsum else g
     if plan.delta:
         beta = beta.contiguous() if beta.dtype in (torch.float32, q.dtype) else beta.float().contiguous()

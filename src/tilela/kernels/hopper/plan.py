@@ -33,7 +33,6 @@ from dataclasses import dataclass
 
 CHUNK = 64  # tokens per chunk of every stage (and per tile of the tile-parallel kernels)
 GATES = ("none", "scalar", "channel")
-DTYPE_NAMES = {"torch.bfloat16": "bfloat16", "torch.float16": "float16", "torch.float32": "float32"}
 HALF = ("bfloat16", "float16")
 
 # ---- cost model (data) -------------------------------------------------------------------------------------------
