@@ -32,6 +32,15 @@ def test_gdn_grid_is_the_issue_grid():
     assert len(serving) == 40 and 50 <= min(serving) and max(serving) <= 2000
 
 
+def test_kda_grid_is_the_issue_grid():
+    from tilela.bench import kda
+
+    full = {c.name: c.params for c in kda.cases(False)}
+    assert len(full) == (3 * 2 + 3) * 2  # HV x T, then varlen, the long few-head case, FlashKDA's B = 2; two gates
+    assert {"1x32768_h8-8_softplus", "1024x8_h32-32_bounded", "1x65536_h4-16_softplus"} <= set(full)
+    assert full["2x8192_h64-64_bounded"]["B"] == 2 and full["1x8192_h64-64_softplus"]["B"] == 1
+
+
 def test_markdown_ratios_and_floor():
     rec = dict(op="x", case="c", params={}, rel_err=None, floor_ms=0.5)
     table = bench.markdown([dict(rec, impl="ours", ms=1.0), dict(rec, impl="theirs", ms=2.0)])

@@ -18,7 +18,8 @@ def test_ws_covers(K, gate, delta, dtype, covered):
 
 @pytest.mark.parametrize("K,V,gate,delta,dtype,covered", [
     (256, 256, "scalar", True, "bfloat16", True), (128, 64, "none", False, "bfloat16", False),
-    (256, 256, "channel", False, "float16", False), (128, 128, "channel", True, "bfloat16", False),
+    (256, 256, "channel", False, "float16", False), (128, 128, "channel", True, "bfloat16", True), (64, 64, "channel", True, "float16", True),
+    (256, 256, "channel", True, "bfloat16", False),
     (64, 64, "none", True, "float32", False), (32, 32, "none", False, "bfloat16", False),
 ])
 def test_pipeline_covers(K, V, gate, delta, dtype, covered):

@@ -14,7 +14,8 @@ Records (op, case, impl, ms, rel_err, rel_err_vs, floor, device, versions) go to
 benchmarks/results/, and a markdown table with the ratios to the first implementation and the roofline floor
 (bytes / 4.3 TB/s, FLOPs / 790 TFLOP/s) is printed.
 
-FLA dispatches to FlashQLA unless FLA_FLASH_QLA=0, so the harness sets it before anything imports fla.
+FLA dispatches to FlashQLA unless FLA_FLASH_QLA=0 (and KDA to FlashKDA unless FLA_FLASH_KDA=0), so the harness
+sets both before anything imports fla.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 os.environ.setdefault("FLA_FLASH_QLA", "0")
+os.environ.setdefault("FLA_FLASH_KDA", "0")
 
 import torch  # noqa: E402
 
@@ -44,6 +46,7 @@ TENSOR_FLOPS_PER_S = 790e12
 # op name -> module defining BENCH
 OPS = {
     "gdn": "tilela.bench.gdn",
+    "kda": "tilela.bench.kda",
     "ladder": "tilela.bench.ladder",
     "kkt_solve": "tilela.bench.kkt_solve",
     "chunk_local_cumsum": "tilela.bench.cumsum",

@@ -154,10 +154,8 @@ def auto_split(lengths, heads: int, sms: int, K: int = 128, gate: str = "scalar"
 # ---- coverage ----------------------------------------------------------------------------------------------------
 def covers(dtype: str, K: int, V: int, gate: str, delta: bool) -> bool:
     """Whether the TileLang pipeline serves a call: bf16/fp16, K = V in {64, 128, 256}; the per-channel gate only up
-    to K = 128 (gla_factors: one thread per key channel) and with the plain update (chunk_kda takes the PyTorch
-    path until its kernels run through the GPU suite from the public op)."""
-    return (dtype in HALF and K == V and K in (64, 128, 256)
-            and (gate != "channel" or (K <= 128 and not delta)))
+    to K = 128 (gla_factors: one thread per key channel; the loop pass's fp32 gate tile in shared memory)."""
+    return dtype in HALF and K == V and K in (64, 128, 256) and (gate != "channel" or K <= 128)
 
 
 def ws_covers(dtype: str, K: int, V: int, gate: str, delta: bool) -> bool:

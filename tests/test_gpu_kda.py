@@ -1,0 +1,97 @@
+"""chunk_kda on the H200 through the public op, on our kernels end to end (the PyTorch path is made to raise), against
+the float64 reference: K = V = 64 and 128, bf16 and fp16, GVA 1 and 2, odd varlen with length-1 sequences, dense
+batches, initial and final state, channels that never decay beside channels at KDA's lower bound (-5 per token,
+the Hopper kernels' exactness edge), and FLA's in-kernel options (both gate forms, q/k l2norm, beta sigmoid)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tilela
+from tilela import ops, reference
+from tilela.bench import rel_l2
+
+pytestmark = pytest.mark.gpu
+
+TOL = 1e-2
+
+
+def make(lengths, B, H, HV, K, dtype, seed):
+    """q, k unit-norm; v normal; beta in (0, 1); a per-channel log gate with a quarter of each head's channels at 0,
+    a quarter at -5 on every token (KDA's lower bound) and the rest logsigmoid values; initial states."""
+    gen = torch.Generator().manual_seed(seed)
+    T = sum(lengths)
+    q = F.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1).to(dtype)
+    k = F.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1).to(dtype)
+    v = torch.randn(B, T, HV, K, generator=gen).to(dtype)
+    g = F.logsigmoid(torch.randn(B, T, HV, K, generator=gen) + 2)
+    g[..., : K // 4] = 0.0
+    g[..., K // 4: K // 2] = -5.0
+    beta = torch.randn(B, T, HV, generator=gen).sigmoid()
+    h0 = torch.randn(B * len(lengths), HV, K, K, generator=gen) * 0.1
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32) if B == 1 else None
+    return dict(q=q, k=k, v=v, g=g, beta=beta, initial_state=h0, cu_seqlens=cu)
+
+
+@pytest.fixture
+def kernels_only(monkeypatch):
+    """Any call that would take the PyTorch path raises, so a passing test ran our kernels."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("chunk_kda took the PyTorch path")
+
+    monkeypatch.setattr(ops.torch_path, "chunk_attention", refuse)
+
+
+def run(x, **options):
+    cu = x["cu_seqlens"]
+    o, S = tilela.chunk_kda(*(x[n].cuda() for n in ("q", "k", "v", "g", "beta")),
+                            initial_state=x["initial_state"].cuda(), output_final_state=True,
+                            cu_seqlens=None if cu is None else cu.cuda(), cu_seqlens_cpu=cu, **options)
+    torch.cuda.synchronize()
+    return o, S
+
+
+CASES = [  # lengths, B, H, HV, K, dtype
+    ((1, 130, 64, 7, 300), 1, 2, 2, 128, torch.bfloat16),
+    ((1, 1, 65, 190, 2), 1, 2, 4, 64, torch.float16),
+    ((200,), 2, 4, 4, 128, torch.float16),
+    ((1,), 1, 1, 2, 64, torch.bfloat16),
+    ((2000, 3), 1, 1, 1, 128, torch.bfloat16),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{'+'.join(map(str, c[0]))}x{c[1]}_h{c[2]}-{c[3]}_K{c[4]}")
+def test_kda_against_float64_reference(kernels_only, case):
+    lengths, B, H, HV, K, dtype = case
+    x = make(lengths, B, H, HV, K, dtype, seed=sum(lengths) + K)
+    o, S = run(x)
+    ref_o, ref_S = reference.chunked(x["q"], x["k"], x["v"], g=x["g"], beta=x["beta"],
+                                     initial_state=x["initial_state"], cu_seqlens=x["cu_seqlens"])
+    assert o.dtype == dtype and o.shape == x["v"].shape and S.dtype == torch.float32
+    assert rel_l2(o, ref_o) < TOL, f"o rel L2 {rel_l2(o, ref_o):.3e}"
+    assert rel_l2(S, ref_S) < TOL, f"final state rel L2 {rel_l2(S, ref_S):.3e}"
+
+
+@pytest.mark.parametrize("form", ["softplus", "bounded"])
+def test_kda_fla_options_against_float64_reference(kernels_only, form):
+    """The raw gate through use_gate_in_kernel (both forms), unnormalised q/k through use_qk_l2norm_in_kernel and
+    beta logits through use_beta_sigmoid_in_kernel: the transforms in float64, then the reference."""
+    lengths, HV, K = (1, 257, 64), 4, 128
+    x = make(lengths, 1, 2, HV, K, torch.bfloat16, seed=7)
+    gen = torch.Generator().manual_seed(8)
+    raw = torch.randn(1, sum(lengths), HV, K, generator=gen)
+    A_log = torch.rand(HV, generator=gen) * 2
+    dt_bias = torch.randn(HV * K, generator=gen) - 3
+    q_raw, k_raw = (torch.randn(x["q"].shape, generator=gen).to(torch.bfloat16) for _ in range(2))
+    beta_logit = torch.randn(x["beta"].shape, generator=gen)
+    lower = -5.0 if form == "bounded" else None
+    y = dict(x, q=q_raw, k=k_raw, g=raw.to(torch.bfloat16), beta=beta_logit)
+    o, S = run(y, use_gate_in_kernel=True, A_log=A_log.cuda(), dt_bias=dt_bias.cuda(), safe_gate=lower is not None,
+               lower_bound=lower, use_qk_l2norm_in_kernel=True, use_beta_sigmoid_in_kernel=True)
+    a = A_log.double().exp().view(HV, 1)
+    pre = y["g"].double() + dt_bias.double().view(HV, K)
+    g = lower * torch.sigmoid(a * pre) if lower is not None else -a * F.softplus(pre)
+    unit = lambda t: F.normalize(t.double(), dim=-1)  # noqa: E731
+    ref_o, ref_S = reference.chunked(unit(q_raw), unit(k_raw), x["v"], g=g, beta=beta_logit.double().sigmoid(),
+                                     initial_state=x["initial_state"], cu_seqlens=x["cu_seqlens"])
+    assert rel_l2(o, ref_o) < TOL and rel_l2(S, ref_S) < TOL

@@ -1,0 +1,85 @@
+"""Reliability on the H200: bitwise-identical reruns of every attention op on our kernels (dense, varlen and the
+sequence split), and a GDN call past 2^31 elements per tensor checked at the end of its last sequences."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tilela
+from tilela import reference
+from tilela.bench import rel_l2
+from tilela.kernels.hopper import multiprocessors, plan
+
+pytestmark = pytest.mark.gpu
+
+OPS = {  # op -> (gate kind, uses beta)
+    "chunk_gated_delta_rule": ("scalar", True),
+    "chunk_kda": ("channel", True),
+    "chunk_delta_rule": (None, True),
+    "chunk_linear_attn": (None, False),
+    "chunk_simple_gla": ("scalar", False),
+    "chunk_gla": ("channel", False),
+}
+LAYOUTS = {"dense": None, "varlen": (1, 150, 77, 64, 130), "split": (30000, 1, 190)}
+
+
+def inputs(lengths, B, H, HV, K, gate, seed):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    T = sum(lengths)
+    randn = lambda *shape: torch.randn(*shape, device="cuda", generator=gen)  # noqa: E731
+    x = dict(q=F.normalize(randn(B, T, H, K), dim=-1).bfloat16(), k=F.normalize(randn(B, T, H, K), dim=-1).bfloat16(),
+             v=randn(B, T, HV, K).bfloat16(), initial_state=randn(B * len(lengths), HV, K, K) * 0.1)
+    if gate is not None:
+        x["g"] = F.logsigmoid(randn(B, T, HV, *((K,) if gate == "channel" else ())) + 2)
+    x["beta"] = randn(B, T, HV).sigmoid()
+    return x
+
+
+def call(op, x, lengths, **kw):
+    gate, uses_beta = OPS[op]
+    args = [x["q"], x["k"], x["v"]] + ([x["g"]] if gate else []) + ([x["beta"]] if uses_beta else [])
+    if len(lengths) > 1:
+        cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+        kw.update(cu_seqlens=cu.cuda(), cu_seqlens_cpu=cu)
+    extra = {"normalize": False} if op == "chunk_linear_attn" else {}
+    return getattr(tilela, op)(*args, initial_state=x["initial_state"], output_final_state=True, **extra, **kw)
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("op", list(OPS))
+def test_reruns_are_bitwise_identical(op, layout):
+    gate, delta = OPS[op]
+    lengths = LAYOUTS[layout] or (300,)
+    B = 2 if layout == "dense" else 1
+    if layout == "split":
+        splits = plan.splits(gate or "none") and plan.ws_covers("bfloat16", 128, 128, gate or "none", delta)
+        if not splits:
+            pytest.skip(f"{op} takes no sequence split")
+        assert plan.auto_split(lengths, 4, multiprocessors(torch.device("cuda")), 128, gate or "none", delta)
+    x = inputs(lengths, B, 4, 4, 128, gate, seed=3)
+    first = call(op, x, lengths)
+    second = call(op, {n: t.clone() for n, t in x.items()}, lengths)
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
+
+
+def test_gdn_past_int32_elements_against_fla_and_float64():
+    """1.1M tokens at h16/32 (v and o hold 4.6e9 elements, q and k 2.3e9): the last 700-token sequence against
+    the float64 reference and FLA, the end of the long sequence before it against FLA (FLA_FLASH_QLA=0)."""
+    fla = pytest.importorskip("fla.ops.gated_delta_rule")
+    lengths = (1_100_000 - 700, 700)
+    H, HV, K = 16, 32, 128
+    x = inputs(lengths, 1, H, HV, K, "scalar", seed=5)
+    x["g"] = F.logsigmoid(x["g"] + 1)
+    assert x["v"].numel() > 2**31 and x["q"].numel() > 2**31
+    o, S = call("chunk_gated_delta_rule", x, lengths)
+    tail = slice(lengths[0], None)
+    ref_o, ref_S = reference.chunked(*(x[n][:, tail].cpu() for n in ("q", "k", "v", "g", "beta")),
+                                     initial_state=x["initial_state"][1:].cpu())
+    assert rel_l2(o[:, tail], ref_o) < 1e-2 and rel_l2(S[1:], ref_S) < 1e-2
+    cu = torch.tensor([0, lengths[0], sum(lengths)], device="cuda")  # tilela.bench set FLA_FLASH_QLA=0 on import
+    fla_o, fla_S = fla.chunk_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"],
+                                              initial_state=x["initial_state"], output_final_state=True,
+                                              cu_seqlens=cu, cu_seqlens_cpu=cu.cpu())
+    end = slice(lengths[0] - 4096, lengths[0])
+    assert rel_l2(o[:, end], fla_o[:, end]) < 1e-2 and rel_l2(S, fla_S) < 1e-2
+    assert rel_l2(fla_o[:, tail], ref_o) < 1e-2
