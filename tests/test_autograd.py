@@ -12,7 +12,7 @@ from tilela import reference
 CU = torch.tensor([0, 3, 3, 11])
 T, H, HV, K, V = 11, 1, 2, 4, 3
 TINY = (CU, H, HV, K, V)
-HOPPER = (torch.tensor([0, 70, 200]), 2, 4, 64, 64)  # sizes the Hopper kernels serve (the GPU run)
+HOPPER = (torch.tensor([0, 70, 200]), 2, 4, 64, 64)  # sizes the Hopper kernels serve, several chunks per sequence
 
 
 def leaves(dtype=torch.float64, seed=0, sizes=TINY):
@@ -75,7 +75,8 @@ def test_gradcheck_float64(name):
     assert torch.autograd.gradcheck(f, inputs, eps=1e-6, atol=1e-6, rtol=1e-5, fast_mode=True)
 
 
-@pytest.mark.parametrize("device,sizes", [("cpu", TINY), pytest.param("cuda", HOPPER, marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("device,sizes", [("cpu", TINY), ("cpu", HOPPER),
+                                          pytest.param("cuda", HOPPER, marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, 3e-2)])
 @pytest.mark.parametrize("op,gate,delta", [("chunk_gated_delta_rule", "gs", True), ("chunk_kda", "gc", True),
                                            ("chunk_simple_gla", "gs", False), ("chunk_gla", "gc", False)])

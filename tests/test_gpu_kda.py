@@ -3,6 +3,8 @@ the float64 reference: K = V = 64 and 128, bf16 and fp16, GVA 1 and 2, odd varle
 batches, initial and final state, channels that never decay beside channels at KDA's lower bound (-5 per token,
 the Hopper kernels' exactness edge), and FLA's in-kernel options (both gate forms, q/k l2norm, beta sigmoid)."""
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -80,8 +82,10 @@ def test_kda_fla_options_against_float64_reference(kernels_only, form):
     x = make(lengths, 1, 2, HV, K, torch.bfloat16, seed=7)
     gen = torch.Generator().manual_seed(8)
     raw = torch.randn(1, sum(lengths), HV, K, generator=gen)
-    A_log = torch.rand(HV, generator=gen) * 2
-    dt_bias = torch.randn(HV * K, generator=gen) - 3
+    # FLA's KDA layer initialisation: A_log = log(uniform(1, 16)), dt_bias = softplus^-1(dt), dt in [1e-3, 0.1]
+    A_log = (torch.rand(HV, generator=gen) * 15 + 1).log()
+    dt = torch.exp(torch.rand(HV * K, generator=gen) * (math.log(0.1) - math.log(1e-3)) + math.log(1e-3))
+    dt_bias = dt + torch.log(-torch.expm1(-dt))
     q_raw, k_raw = (torch.randn(x["q"].shape, generator=gen).to(torch.bfloat16) for _ in range(2))
     beta_logit = torch.randn(x["beta"].shape, generator=gen)
     lower = -5.0 if form == "bounded" else None
@@ -91,6 +95,7 @@ def test_kda_fla_options_against_float64_reference(kernels_only, form):
     a = A_log.double().exp().view(HV, 1)
     pre = y["g"].double() + dt_bias.double().view(HV, K)
     g = lower * torch.sigmoid(a * pre) if lower is not None else -a * F.softplus(pre)
+    assert F.avg_pool1d(g.flatten(2).transpose(1, 2), 16, 1).min() * 16 >= -80  # within the kernels' contract
     unit = lambda t: F.normalize(t.double(), dim=-1)  # noqa: E731
     ref_o, ref_S = reference.chunked(unit(q_raw), unit(k_raw), x["v"], g=g, beta=beta_logit.double().sigmoid(),
                                      initial_state=x["initial_state"], cu_seqlens=x["cu_seqlens"])

@@ -1,8 +1,8 @@
 """Ladder kernels on a Hopper GPU against the float64 reference stack (layer B, reference.chunked): levels 1
 linear_attn (sequence in the loop, and the §4 sequence-in-grid kernel), 2 simple_gla, 3 gla (the warp-specialised
 pass after gla_factors, and the single-warp-group pass), 4 delta_rule, and the per-channel delta rule (KDA) the same
-builder produces, also end to end on our kernels (kda_pipeline: gc and A from the cumsum and per-channel kkt_solve
-kernels); gla_factors alone against reference.chunk_math.gated_factors.
+builder produces, also end to end on our kernels (kda_pipeline: the plan from the raw gate, gc and A from its
+cumsum and per-channel kkt_solve stages); gla_factors alone against reference.chunk_math.gated_factors.
 
 The state/output kernel gets the chunk-local cumsum gc (a plan with g_input="cumsum") and A = kkt_solve(...) from
 the reference, rounded to the kernel's input types (gc fp32, A in q's dtype), so each test isolates the state/output
@@ -27,7 +27,6 @@ pytestmark = pytest.mark.gpu
 if not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)):
     pytest.skip("needs a Hopper GPU", allow_module_level=True)
 
-from tilela import ops  # noqa: E402
 from tilela.experiments.linear_attn_seq_in_grid import linear_attn_seq_in_grid  # noqa: E402
 from tilela.kernels import hopper  # noqa: E402
 from tilela.kernels.hopper import launch  # noqa: E402
@@ -40,7 +39,7 @@ LEVELS = {  # name: (gate, delta rule)
     "gla": ("channel", False),
     "delta_rule": ("none", True),
     "kda": ("channel", True),
-    "kda_pipeline": ("channel", True),  # gc and A from our cumsum and per-channel kkt_solve kernels
+    "kda_pipeline": ("channel", True),  # gc and A from the plan's cumsum and per-channel kkt_solve stages
 }
 CASES = {  # a varlen and two dense layouts per level
     "varlen_128_bf16": dict(B=1, T=300, H=2, HV=4, K=128, dtype=torch.bfloat16,
@@ -83,9 +82,8 @@ def run_level(level, B, T, H, HV, K, dtype, cu_seqlens=None, use_h0=True, seed=0
         return None if x is None else x.to(dt or x.dtype).cuda()
 
     state = dict(initial_state=dev(h0, torch.float32), output_final_state=True, cu_seqlens=dev(cu))
-    if level == "kda_pipeline":
-        gc = ops.chunk_local_cumsum(dev(g, torch.float32), 64, dev(cu))
-        A = ops.kkt_solve(dev(k), dev(beta, torch.float32), gc, 64, dev(cu))
+    if level == "kda_pipeline":  # the raw gate in: the plan's cumsum and per-channel kkt_solve stages make gc and A
+        gc, A = g, None
     if level == "linear_attn_seq_in_grid":
         o, ht = linear_attn_seq_in_grid(dev(q), dev(k), dev(v), scale, **state)
     else:
@@ -94,7 +92,7 @@ def run_level(level, B, T, H, HV, K, dtype, cu_seqlens=None, use_h0=True, seed=0
                                 lengths=[T] * B if cu_seqlens is None else [e - s for s, e in zip(cu_seqlens[:-1],
                                                                                                   cu_seqlens[1:])],
                                 initial_state=use_h0, output_final_state=True, varlen=cu is not None,
-                                g_input="cumsum", kernel=kernel, split=None)
+                                g_input="raw" if level == "kda_pipeline" else "cumsum", kernel=kernel, split=None)
         o, ht = hopper.forward(plan, *args, state["initial_state"], state["cu_seqlens"], A=dev(A, dtype))
     torch.cuda.synchronize()
     assert o.dtype == dtype and o.shape == v.shape

@@ -230,12 +230,14 @@ def chunk_attention(
     for i, parts in enumerate(zip(qs, ks, vs, gcs, betas)):
         factors = chunk_factors(*parts, scale)
         o = torch.empty_like(parts[2])
-        if i == 0 and lay.steps:  # the full chunks, step by step
-            start = 0
-            for count in lay.steps:
+        if i == 0 and lay.steps:  # the full chunks, step by step; no in-place write to S, which autograd saves
+            start, done = 0, []
+            for count in lay.steps:  # non-increasing: sequences in order of decreasing length
                 sl = slice(start, start + count)
-                o[sl], S[:count] = state_step(S[:count], *(None if f is None else f[sl] for f in factors))
+                done.append(S[count:])  # the states of the sequences whose full chunks ended
+                o[sl], S = state_step(S[:count], *(None if f is None else f[sl] for f in factors))
                 start += count
+            S = torch.cat([S, *reversed(done)])
         else:  # partial last chunks, all at once
             ranks = lay.groups[i].seqs
             o, S_last = state_step(S.index_select(0, ranks), *factors)
