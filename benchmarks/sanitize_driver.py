@@ -196,7 +196,7 @@ def public_job(level: str, dtype: torch.dtype):
         args = [d["q"], d["k"], d["v"]] + ([gate_of(d, gate)] if gate != "none" else [])
         args += [d["beta"]] if delta else []
         o, S = getattr(tilela, op)(*args, initial_state=d["h0"], output_final_state=True, cu_seqlens=d["cu"],
-                                   cu_seqlens_cpu=x["cu"])
+                                   cu_seqlens_cpu=x["cu"], **({"safe_gate": True} if op == "chunk_kda" else {}))
         ref_o, ref_S = reference.chunked(x["q"], x["k"], x["v"], g=gate_of(x, gate), beta=x["beta"] if delta else None,
                                          initial_state=x["h0"], cu_seqlens=x["cu"])
         return rel_l2(o, ref_o), rel_l2(S, ref_S)

@@ -53,6 +53,14 @@ def test_verifier_on_a_gpu_without_hopper_kernels_falls_back():
     assert not accepted and "Hopper" in reason
 
 
+def test_verifier_leaves_kda_to_fla_off_the_cpu():
+    """FLA's Triton chunk_kda is the faster forward on the GPU (fla_backend.FLA_FASTER_ON_GPU), so a non-CPU KDA call
+    stays FLA's even with a bounded gate."""
+    x = {n: t.to("meta") for n, t in inputs().items()}
+    accepted, reason = fla_backend.verify("chunk_kda", x["q"], x["k"], x["v"], x["gc"], x["beta"], safe_gate=True)
+    assert not accepted and "faster" in reason
+
+
 def _counted(op, calls):
     @functools.wraps(op)  # the verifier binds the op's signature
     def counted(*args, **kwargs):

@@ -1,7 +1,8 @@
-"""chunk_kda on the H200 through the public op, on our kernels end to end (the PyTorch path is made to raise), against
-the float64 reference: K = V = 64 and 128, bf16 and fp16, GVA 1 and 2, odd varlen with length-1 sequences, dense
-batches, initial and final state, channels that never decay beside channels at KDA's lower bound (-5 per token,
-the Hopper kernels' exactness edge), and FLA's in-kernel options (both gate forms, q/k l2norm, beta sigmoid)."""
+"""chunk_kda on the H200 through the public op against the float64 reference. With safe_gate=True on our kernels end
+to end (the PyTorch path is made to raise): K = V = 64 and 128, bf16 and fp16, GVA 1 and 2, odd varlen with
+length-1 sequences, dense batches, initial and final state, channels that never decay beside channels at KDA's
+lower bound (-5 per token, the kernels' exactness edge), FLA's in-kernel options (the bounded gate, q/k l2norm, beta
+sigmoid). Without it (the unbounded softplus gate, gates far past the bound) on the PyTorch path, exact."""
 
 import math
 
@@ -44,11 +45,12 @@ def kernels_only(monkeypatch):
     monkeypatch.setattr(ops.torch_path, "chunk_attention", refuse)
 
 
-def run(x, **options):
+def run(x, safe_gate=True, **options):
     cu = x["cu_seqlens"]
     o, S = tilela.chunk_kda(*(x[n].cuda() for n in ("q", "k", "v", "g", "beta")),
                             initial_state=x["initial_state"].cuda(), output_final_state=True,
-                            cu_seqlens=None if cu is None else cu.cuda(), cu_seqlens_cpu=cu, **options)
+                            cu_seqlens=None if cu is None else cu.cuda(), cu_seqlens_cpu=cu, safe_gate=safe_gate,
+                            **options)
     torch.cuda.synchronize()
     return o, S
 
@@ -75,9 +77,12 @@ def test_kda_against_float64_reference(kernels_only, case):
 
 
 @pytest.mark.parametrize("form", ["softplus", "bounded"])
-def test_kda_fla_options_against_float64_reference(kernels_only, form):
-    """The raw gate through use_gate_in_kernel (both forms), unnormalised q/k through use_qk_l2norm_in_kernel and
-    beta logits through use_beta_sigmoid_in_kernel: the transforms in float64, then the reference."""
+def test_kda_fla_options_against_float64_reference(request, form):
+    """The raw gate through use_gate_in_kernel (the bounded form with safe_gate on our kernels, the softplus form on
+    the PyTorch path), unnormalised q/k through use_qk_l2norm_in_kernel and beta logits through
+    use_beta_sigmoid_in_kernel: the transforms in float64, then the reference."""
+    if form == "bounded":
+        request.getfixturevalue("kernels_only")
     lengths, HV, K = (1, 257, 64), 4, 128
     x = make(lengths, 1, 2, HV, K, torch.bfloat16, seed=7)
     gen = torch.Generator().manual_seed(8)
@@ -90,13 +95,22 @@ def test_kda_fla_options_against_float64_reference(kernels_only, form):
     beta_logit = torch.randn(x["beta"].shape, generator=gen)
     lower = -5.0 if form == "bounded" else None
     y = dict(x, q=q_raw, k=k_raw, g=raw.to(torch.bfloat16), beta=beta_logit)
-    o, S = run(y, use_gate_in_kernel=True, A_log=A_log.cuda(), dt_bias=dt_bias.cuda(), safe_gate=lower is not None,
+    o, S = run(y, safe_gate=lower is not None, use_gate_in_kernel=True, A_log=A_log.cuda(), dt_bias=dt_bias.cuda(),
                lower_bound=lower, use_qk_l2norm_in_kernel=True, use_beta_sigmoid_in_kernel=True)
     a = A_log.double().exp().view(HV, 1)
     pre = y["g"].double() + dt_bias.double().view(HV, K)
     g = lower * torch.sigmoid(a * pre) if lower is not None else -a * F.softplus(pre)
-    assert F.avg_pool1d(g.flatten(2).transpose(1, 2), 16, 1).min() * 16 >= -80  # within the kernels' contract
     unit = lambda t: F.normalize(t.double(), dim=-1)  # noqa: E731
     ref_o, ref_S = reference.chunked(unit(q_raw), unit(k_raw), x["v"], g=g, beta=beta_logit.double().sigmoid(),
+                                     initial_state=x["initial_state"], cu_seqlens=x["cu_seqlens"])
+    assert rel_l2(o, ref_o) < TOL and rel_l2(S, ref_S) < TOL
+
+
+def test_kda_without_safe_gate_is_exact_past_the_kernels_bound():
+    """Channels decaying by ~e^-30 per token (far past e^-80 in 16 tokens) without safe_gate: the PyTorch path."""
+    x = make((1, 130, 64, 7), 1, 2, 4, 128, torch.bfloat16, seed=3)
+    x["g"][..., -8:] = -30.0
+    o, S = run(x, safe_gate=False)
+    ref_o, ref_S = reference.chunked(x["q"], x["k"], x["v"], g=x["g"], beta=x["beta"],
                                      initial_state=x["initial_state"], cu_seqlens=x["cu_seqlens"])
     assert rel_l2(o, ref_o) < TOL and rel_l2(S, ref_S) < TOL

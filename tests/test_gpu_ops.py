@@ -169,7 +169,7 @@ def _ladder_op_against_reference(op, x, g, delta):
     the float64 reference, return them."""
     args = [t.cuda() for t in (x["q"], x["k"], x["v"])] + ([g.cuda()] if g is not None else [])
     args += [x["beta"].cuda()] if delta else []
-    plain = {"normalize": False} if op == "chunk_linear_attn" else {}
+    plain = {"chunk_linear_attn": {"normalize": False}, "chunk_kda": {"safe_gate": True}}.get(op, {})
     o, S = getattr(tilela, op)(*args, initial_state=x["initial_state"].cuda(), output_final_state=True,
                                cu_seqlens=x["cu_seqlens"].cuda(), cu_seqlens_cpu=x["cu_seqlens"], **plain)
     ref_o, ref_S = reference.chunked(x["q"], x["k"], x["v"], g=g, beta=x["beta"] if delta else None,

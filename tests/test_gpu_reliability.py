@@ -30,7 +30,7 @@ def inputs(lengths, B, H, HV, K, gate, seed):
     x = dict(q=F.normalize(randn(B, T, H, K), dim=-1).bfloat16(), k=F.normalize(randn(B, T, H, K), dim=-1).bfloat16(),
              v=randn(B, T, HV, K).bfloat16(), initial_state=randn(B * len(lengths), HV, K, K) * 0.1)
     if gate is not None:
-        x["g"] = F.logsigmoid(randn(B, T, HV, *((K,) if gate == "channel" else ())) + 2)
+        x["g"] = F.logsigmoid(randn(B, T, HV, *((K,) if gate == "channel" else ())) + 2).clamp_min(-5)
     x["beta"] = randn(B, T, HV).sigmoid()
     return x
 
@@ -41,7 +41,7 @@ def call(op, x, lengths, **kw):
     if len(lengths) > 1:
         cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
         kw.update(cu_seqlens=cu.cuda(), cu_seqlens_cpu=cu)
-    extra = {"normalize": False} if op == "chunk_linear_attn" else {}
+    extra = {"chunk_linear_attn": {"normalize": False}, "chunk_kda": {"safe_gate": True}}.get(op, {})
     return getattr(tilela, op)(*args, initial_state=x["initial_state"], output_final_state=True, **extra, **kw)
 
 

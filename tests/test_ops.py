@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import tilela
-from tilela import reference
+from tilela import ops, reference
 from tilela.bench import rel_l2
 
 LENGTHS = (1, 70, 0, 130, 5)
@@ -120,3 +120,33 @@ def test_chunk_primitives_against_reference(chunk_size):
         ref_A = reference.kkt_solve(x["k"], x["beta"], None if g is None else ref_cum, chunk_size, x["cu"])
         assert A.shape == (1, sum(LENGTHS), HV, chunk_size)
         assert rel_l2(A, ref_A) < 1e-5
+
+
+class _KernelsCalled(Exception):
+    pass
+
+
+def test_kda_takes_the_hopper_kernels_only_with_safe_gate(monkeypatch):
+    """On a Hopper device chunk_kda runs the kernels only when safe_gate=True bounds every log gate to [-5, 0) (their
+    16-token sub-chunks need it); otherwise the PyTorch path, exact for any gate. GDN is not affected."""
+    from types import SimpleNamespace
+
+    from tilela.kernels.hopper import DTYPE_NAMES, plan
+
+    def kernels(*args, **kwargs):
+        raise _KernelsCalled
+
+    monkeypatch.setattr(ops, "_hopper", lambda *tensors: SimpleNamespace(plan=plan, DTYPE_NAMES=DTYPE_NAMES,
+                                                                         plan_call=kernels, forward=kernels))
+    gen = torch.Generator().manual_seed(0)
+    q, k = (F.normalize(torch.randn(1, 70, 2, 64, generator=gen), dim=-1).bfloat16() for _ in range(2))
+    v = torch.randn(1, 70, 2, 64, generator=gen).bfloat16()
+    g = F.logsigmoid(torch.randn(1, 70, 2, 64, generator=gen)) * 20  # down to about -60 per token: unbounded
+    beta = torch.rand(1, 70, 2, generator=gen)
+    o, _ = tilela.chunk_kda(q, k, v, g, beta)
+    ref, _ = reference.recurrent(q, k, v, g, beta)
+    assert rel_l2(o, ref) < 1e-2
+    with pytest.raises(_KernelsCalled):
+        tilela.chunk_kda(q, k, v, g.clamp_min(-5), beta, safe_gate=True)
+    with pytest.raises(_KernelsCalled):
+        tilela.chunk_gated_delta_rule(q, k, v, g[..., 0], beta)

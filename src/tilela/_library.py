@@ -40,18 +40,19 @@ def _state_dtype(q: Tensor) -> torch.dtype:
 def chunk_attention(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor | None,
                     initial_state: Tensor | None, cu_seqlens: Tensor | None, cu_seqlens_cpu: Tensor | None,
                     gate: str, delta: bool, scale: float | None, output_final_state: bool,
-                    check_finite: bool = False) -> tuple[Tensor, Tensor]:
-    """(o, final state); the state is an empty tensor unless output_final_state. Validates, then dispatches."""
+                    check_finite: bool = False, bounded_gate: bool = False) -> tuple[Tensor, Tensor]:
+    """(o, final state); the state is an empty tensor unless output_final_state. Validates, then dispatches
+    (bounded_gate: the caller guarantees every per-token log gate >= -5, see kernels.hopper.plan.covers)."""
     from .ops import _dispatch
 
     o, S = _dispatch(q, k, v, g, gate, beta, delta, scale, initial_state, output_final_state, cu_seqlens,
-                     cu_seqlens_cpu, check_finite)
+                     cu_seqlens_cpu, check_finite, bounded_gate)
     return o, (S if S is not None else q.new_empty(0, dtype=_state_dtype(q)))
 
 
 @chunk_attention.register_fake
 def _(q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu, gate, delta, scale, output_final_state,
-      check_finite=False):
+      check_finite=False, bounded_gate=False):
     B, T, HV, Vd = v.shape
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     state = (N, HV, q.shape[3], Vd) if output_final_state else (0,)
@@ -92,7 +93,7 @@ def _(do, dS, q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu, gate,
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu, gate, _, scale, output_final_state, _ = inputs
+    q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu, gate, _, scale, output_final_state, *_ = inputs
     ctx.save_for_backward(q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu)
     ctx.options = (gate, scale, output_final_state)
 
@@ -101,7 +102,7 @@ def _backward(ctx, do, dS):
     gate, scale, output_final_state = ctx.options
     needs = list(ctx.needs_input_grad[:6])
     grads = chunk_attention_backward(do, dS if output_final_state else None, *ctx.saved_tensors, gate, scale, needs)
-    return (*(grad if need else None for grad, need in zip(grads, needs)), None, None, None, None, None, None, None)
+    return (*(grad if need else None for grad, need in zip(grads, needs)), *[None] * (len(ctx.needs_input_grad) - 6))
 
 
 chunk_attention.register_autograd(_backward, setup_context=_setup_context)

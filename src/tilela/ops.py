@@ -56,13 +56,15 @@ def _check(q, k, v, g, g_kind, beta, needs_beta, scale, initial_state, cu_seqlen
 
 
 def _dispatch(q, k, v, g, g_kind, beta, needs_beta, scale, initial_state, output_final_state, cu_seqlens,
-              cu_seqlens_cpu, check_finite=False):
-    """Validate and run one call on the Hopper kernels or the PyTorch path (the body of tilela::chunk_attention)."""
+              cu_seqlens_cpu, check_finite=False, bounded_gate=False):
+    """Validate and run one call on the Hopper kernels or the PyTorch path (the body of tilela::chunk_attention);
+    bounded_gate: the caller guarantees every per-token log gate >= -5 (kernels.hopper.plan.covers)."""
     dims, scale = _check(q, k, v, g, g_kind, beta, needs_beta, scale, initial_state, cu_seqlens, cu_seqlens_cpu)
     V.check_finite(check_finite, dict(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state), dims.seq_bounds)
     scale = dims.K ** -0.5 if scale is None else scale
     hopper = _hopper(q, k, v, g, beta, initial_state, cu_seqlens)
-    if hopper is not None and hopper.plan.covers(hopper.DTYPE_NAMES.get(q.dtype), dims.K, dims.V, g_kind, needs_beta):
+    if hopper is not None and hopper.plan.covers(hopper.DTYPE_NAMES.get(q.dtype), dims.K, dims.V, g_kind, needs_beta,
+                                                 bounded_gate):
         plan = hopper.plan_call(q, v, g, beta, scale, gate=g_kind, lengths=[e - s for s, e in dims.seq_bounds],
                                 initial_state=initial_state is not None, output_final_state=output_final_state,
                                 varlen=cu_seqlens is not None)
@@ -71,7 +73,7 @@ def _dispatch(q, k, v, g, g_kind, beta, needs_beta, scale, initial_state, output
 
 
 def _attention(q, k, v, g, g_kind, beta, needs_beta, scale, initial_state, output_final_state, cu_seqlens,
-               cu_seqlens_cpu, check_finite=False):
+               cu_seqlens_cpu, check_finite=False, bounded_gate=False):
     """Validate eagerly, then the custom op tilela::chunk_attention (which carries autograd; _library.py). Under
     torch.compile the op validates when it runs, so no value becomes a guard. Eagerly the boundaries read once here
     travel on as the host copy, so the op reads no device memory again."""
@@ -82,7 +84,8 @@ def _attention(q, k, v, g, g_kind, beta, needs_beta, scale, initial_state, outpu
         if cu_seqlens is not None and cu_seqlens_cpu is None:
             cu_seqlens_cpu = torch.tensor([0, *(e for _, e in dims.seq_bounds)], dtype=torch.int64)
     o, S = _library.chunk_attention(q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu, g_kind, needs_beta,
-                                    None if scale is None else float(scale), output_final_state, check_finite)
+                                    None if scale is None else float(scale), output_final_state, check_finite,
+                                    bounded_gate)
     return o, (S if output_final_state else None)
 
 
@@ -130,7 +133,8 @@ def _fla_kwargs(kwargs: dict, state_v_first: bool, *, head_first_raises: bool, l
     return V.check_flag("state_v_first", state_v_first)
 
 
-def _cp_attention(cp_context, q, k, v, g, g_kind, beta, scale, initial_state, output_final_state, check_finite):
+def _cp_attention(cp_context, q, k, v, g, g_kind, beta, scale, initial_state, output_final_state, check_finite,
+                  bounded_gate):
     """A delta-rule call context-parallel over ``cp_context`` (tilela.distributed.build_cp_context): this rank's
     tokens in, its outputs and every sequence's final state out. The context's rank-local boundaries replace the
     call's ``cu_seqlens``, as FLA's; unlike FLA, ``initial_state`` (all sequences, the same on every rank) and
@@ -139,7 +143,7 @@ def _cp_attention(cp_context, q, k, v, g, g_kind, beta, scale, initial_state, ou
 
     def local(v_, h0, final):
         return _attention(q, k, v_, g, g_kind, beta, True, scale, h0, final, cp_context.cu_seqlens,
-                          cp_context.cu_seqlens_cpu, check_finite)
+                          cp_context.cu_seqlens_cpu, check_finite, bounded_gate)
 
     return distributed.context_parallel(local, cp_context, v, _tensor("k", k).shape[-1], initial_state,
                                         V.check_flag("output_final_state", output_final_state), delta=True,
@@ -191,16 +195,16 @@ def _state_out(result, state_v_first: bool):
 
 
 def _gated_delta(q, k, v, g, gate, beta, scale, initial_state, output_final_state, state_v_first, cu_seqlens,
-                 cu_seqlens_cpu, cp_context, check_finite):
+                 cu_seqlens_cpu, cp_context, check_finite, bounded_gate=False):
     """GDN and KDA after their input transforms: one process, or the ranks of cp_context (tilela.distributed); the
-    state in FLA's layout either way."""
+    state in FLA's layout either way. bounded_gate: KDA's safe_gate (kernels.hopper.plan.covers)."""
     initial_state = _state_in(initial_state, state_v_first)
     if cp_context is not None:
         result = _cp_attention(cp_context, q, k, v, g, gate, beta, scale, initial_state, output_final_state,
-                               check_finite)
+                               check_finite, bounded_gate)
     else:
         result = _attention(q, k, v, g, gate, beta, True, scale, initial_state, output_final_state, cu_seqlens,
-                            cu_seqlens_cpu, check_finite)
+                            cu_seqlens_cpu, check_finite, bounded_gate)
     return _state_out(result, state_v_first)
 
 
@@ -285,8 +289,10 @@ def chunk_kda(
     -5 <= lower_bound < 0 with the in-kernel gate. ``disable_recompute``, ``use_graph`` and ``max_num_seqs`` only
     tune FLA's own kernels and are unused; other keyword arguments are ignored, as FLA does.
 
-    On Hopper the intra-chunk scores use 16-token sub-chunks: exact while no key channel decays by more
-    than e^-80 within 16 tokens (mean log gate >= -5 per token, KDA's lower bound)."""
+    ``safe_gate=True`` is the caller's guarantee, as in FLA, that every log gate lies in [-5, 0) (with the in-kernel
+    gate it follows from lower_bound). Then a Hopper GPU runs our kernels, whose intra-chunk products use 16-token
+    sub-chunks around a reference point (exact while no key channel decays by more than e^-80 within 16 tokens);
+    without it the call takes the PyTorch path, exact for any gate."""
     state_v_first = _fla_kwargs(kwargs, state_v_first, head_first_raises=False, layout_alias=True)
     _chunk_size(chunk_size, (32, 64))
     if V.check_flag("return_intermediate_states", return_intermediate_states):
@@ -311,7 +317,7 @@ def chunk_kda(
         else:
             g = lower_bound * torch.sigmoid(x if a is None else a * x)
     return _gated_delta(q, k, v, g, "channel", beta, scale, initial_state, output_final_state, state_v_first,
-                        cu_seqlens, cu_seqlens_cpu, cp_context, check_finite)
+                        cu_seqlens, cu_seqlens_cpu, cp_context, check_finite, bounded_gate=safe_gate)
 
 
 def chunk_delta_rule(

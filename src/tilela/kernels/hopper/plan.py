@@ -152,10 +152,15 @@ def auto_split(lengths, heads: int, sms: int, K: int = 128, gate: str = "scalar"
 
 
 # ---- coverage ----------------------------------------------------------------------------------------------------
-def covers(dtype: str, K: int, V: int, gate: str, delta: bool) -> bool:
+def covers(dtype: str, K: int, V: int, gate: str, delta: bool, bounded: bool = False) -> bool:
     """Whether the TileLang pipeline serves a call: bf16/fp16, K = V in {64, 128, 256}; the per-channel gate only up
-    to K = 128 (gla_factors: one thread per key channel; the loop pass's fp32 gate tile in shared memory)."""
-    return dtype in HALF and K == V and K in (64, 128, 256) and (gate != "channel" or K <= 128)
+    to K = 128 (gla_factors: one thread per key channel; the loop pass's fp32 gate tile in shared memory), and with
+    the delta rule (KDA) only for a bounded gate (bounded: the caller guarantees every per-token log gate >= -5, FLA's
+    safe_gate). The kernels form the intra-chunk products on 16-token sub-chunks around a reference point, exact
+    while no key channel decays by more than e^-80 within 16 tokens; KDA's unbounded gate form passes that (a
+    channel of FLA's layer initialisation reaches -18 on one token), and the PyTorch path is exact for any gate."""
+    return (dtype in HALF and K == V and K in (64, 128, 256) and (gate != "channel" or K <= 128)
+            and (gate != "channel" or not delta or bounded))
 
 
 def ws_covers(dtype: str, K: int, V: int, gate: str, delta: bool) -> bool:
