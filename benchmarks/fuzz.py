@@ -196,6 +196,8 @@ def call(cfg: dict, x: dict, device: str):
         kw["use_qk_l2norm_in_kernel"] = cfg["l2norm"]
     if op == "chunk_kda":  # its gates keep the kernels' contract, so the Hopper kernels run
         kw["safe_gate"] = True
+    if op == "chunk_linear_attn":  # the recurrence the reference computes: no FLA normaliser
+        kw["normalize"] = False
     return getattr(tilela, op)(*args, scale=cfg["scale"], initial_state=dev["initial_state"],
                                output_final_state=True, **kw)
 

@@ -150,3 +150,22 @@ def test_kda_takes_the_hopper_kernels_only_with_safe_gate(monkeypatch):
         tilela.chunk_kda(q, k, v, g.clamp_min(-5), beta, safe_gate=True)
     with pytest.raises(_KernelsCalled):
         tilela.chunk_gated_delta_rule(q, k, v, g[..., 0], beta)
+
+
+def test_eager_inference_skips_the_custom_op_and_autograd_takes_it(monkeypatch):
+    """An eager call that records no autograd runs the implementation directly (one validation, no op dispatch: the
+    host cost serving pays per call); a call that needs autograd goes through tilela::chunk_attention."""
+    from tilela import _library
+
+    def refuse(*args, **kwargs):
+        raise _KernelsCalled
+
+    gen = torch.Generator().manual_seed(0)
+    q, k = (F.normalize(torch.randn(1, 20, 1, 8, generator=gen), dim=-1) for _ in range(2))
+    v, beta = torch.randn(1, 20, 2, 8, generator=gen), torch.rand(1, 20, 2, generator=gen)
+    monkeypatch.setattr(_library, "chunk_attention", refuse)
+    tilela.chunk_delta_rule(q, k, v, beta)
+    with torch.no_grad():
+        tilela.chunk_delta_rule(q, k, v.requires_grad_(), beta)
+    with pytest.raises(_KernelsCalled):
+        tilela.chunk_delta_rule(q, k, v, beta)

@@ -1,7 +1,8 @@
 """The attention ops as torch.library custom ops, with fake (meta) implementations and autograd.
 
 ``tilela::chunk_attention`` is the one op behind the six public attention ops (their options are input transforms
-in plain PyTorch before it, so torch.compile traces them and autograd differentiates them). Its fake
+in plain PyTorch before it, so torch.compile traces them and autograd differentiates them); an eager call that
+records no autograd runs the op's body directly (ops._attention). Its fake
 implementation gives the output shapes from the input shapes alone, so ``torch.compile(fullgraph=True)`` keeps it
 in the graph as one opaque node and no value of ``cu_seqlens`` (or ``cu_seqlens_cpu``) becomes a guard: a new varlen
 layout with the same shapes reuses the compiled graph.

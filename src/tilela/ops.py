@@ -17,7 +17,8 @@ layout), so they run on every path unchanged; ``chunk_linear_attn``'s normaliser
 boundaries costs. ``check_finite=True`` (every op) raises ValueError at the first NaN/inf input, naming it and its
 position (one host sync); otherwise non-finite inputs spread as docs/exactness.md says. Between the transforms each
 attention op is one call of the custom op ``tilela::chunk_attention`` (_library.py): it carries autograd (a
-recompute on the PyTorch path) and keeps torch.compile graphs whole.
+recompute on the PyTorch path) and keeps torch.compile graphs whole. An eager call that records no autograd (the
+serving case) runs the same implementation without the op's dispatch and its second validation.
 
 On Hopper, long sequences over few heads are split across CTAs (kernels.hopper.seq_split) by a plan made from
 the host sequence lengths. A CUDA graph captured on such a call replays correctly for those lengths (as FLA's
@@ -60,6 +61,13 @@ def _dispatch(q, k, v, g, g_kind, beta, needs_beta, scale, initial_state, output
     """Validate and run one call on the Hopper kernels or the PyTorch path (the body of tilela::chunk_attention);
     bounded_gate: the caller guarantees every per-token log gate >= -5 (kernels.hopper.plan.covers)."""
     dims, scale = _check(q, k, v, g, g_kind, beta, needs_beta, scale, initial_state, cu_seqlens, cu_seqlens_cpu)
+    return _run(dims, scale, q, k, v, g, g_kind, beta, needs_beta, initial_state, output_final_state, cu_seqlens,
+                check_finite, bounded_gate)
+
+
+def _run(dims, scale, q, k, v, g, g_kind, beta, needs_beta, initial_state, output_final_state, cu_seqlens,
+         check_finite, bounded_gate):
+    """One validated call (dims and scale from _check) on the Hopper kernels or the PyTorch path."""
     V.check_finite(check_finite, dict(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state), dims.seq_bounds)
     scale = dims.K ** -0.5 if scale is None else scale
     hopper = _hopper(q, k, v, g, beta, initial_state, cu_seqlens)
@@ -74,13 +82,19 @@ def _dispatch(q, k, v, g, g_kind, beta, needs_beta, scale, initial_state, output
 
 def _attention(q, k, v, g, g_kind, beta, needs_beta, scale, initial_state, output_final_state, cu_seqlens,
                cu_seqlens_cpu, check_finite=False, bounded_gate=False):
-    """Validate eagerly, then the custom op tilela::chunk_attention (which carries autograd; _library.py). Under
-    torch.compile the op validates when it runs, so no value becomes a guard. Eagerly the boundaries read once here
-    travel on as the host copy, so the op reads no device memory again."""
+    """Validate eagerly; then an eager call on real tensors that records no autograd runs directly (_run: no custom
+    op dispatch, no second validation; the serving case), and every other call goes through the custom op
+    tilela::chunk_attention (autograd, fake tensors, torch.compile; _library.py). Under torch.compile the op
+    validates when it runs, so no value becomes a guard. Eagerly the boundaries read once here travel on as the host
+    copy, so the op reads no device memory again."""
     output_final_state = V.check_flag("output_final_state", output_final_state)
     check_finite = V.check_flag("check_finite", check_finite)
     if not torch.compiler.is_compiling():
         dims, scale = _check(q, k, v, g, g_kind, beta, needs_beta, scale, initial_state, cu_seqlens, cu_seqlens_cpu)
+        tensors = [t for t in (q, k, v, g, beta, initial_state) if t is not None]
+        if V.has_values(q) and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)):
+            return _run(dims, scale, q, k, v, g, g_kind, beta, needs_beta, initial_state, output_final_state,
+                        cu_seqlens, check_finite, bounded_gate)
         if cu_seqlens is not None and cu_seqlens_cpu is None:
             cu_seqlens_cpu = torch.tensor([0, *(e for _, e in dims.seq_bounds)], dtype=torch.int64)
     o, S = _library.chunk_attention(q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu, g_kind, needs_beta,
