@@ -7,7 +7,8 @@
 #   Time limits (s): PRECOMPILE_TIMEOUT (0 skips the precompile), TEST_TIMEOUT, BENCH_TIMEOUT, or
 #   BENCH_TIMEOUT_<op> for one op; DEADLINE (epoch seconds) cuts every benchmark short of it. TEST_PROCS: pytest-xdist
 #   workers for the GPU tests (default 16: the tests' TileLang compiles then run in parallel on the host's cores).
-#   BENCH_ARGS: extra arguments for every `tilela bench` (e.g. --cases ...).
+#   BENCH_ARGS: extra arguments for every `tilela bench` (e.g. --cases ...). TESTS: test paths or node ids (default
+#   tests; a node id that does not exist, e.g. after a parametrisation changed, makes pytest collect nothing).
 # Caches (benchmarks/device_cache.sh): .devrun/*.tar.xz unpacked into the kernel caches first (build the TileLang
 # part on a CPU machine: `python benchmarks/precompile.py`, same TILELANG_CACHE_DIR / TILELANG_DEFAULT_TARGET);
 # whatever it misses is compiled here first, 16 processes at once; what the call added leaves as
@@ -37,9 +38,18 @@ fi
 if [ -n "$tests" ]; then
   workers=(-n "${TEST_PROCS:-16}")
   python -c "import xdist" 2>/dev/null || workers=()
-  timeout "${TEST_TIMEOUT:-240}" python -m pytest -q -p no:cacheprovider --tb=short "${workers[@]}" -m gpu tests \
-    2>&1 | grep -v INFO > "$OUT/pytest_gpu.log"
-  grep -E "passed|failed|FAILED|Error" "$OUT/pytest_gpu.log" | tail -15
+  # -v: a run the time limit cuts still shows what passed, what failed and what was in flight
+  # shellcheck disable=SC2086  # TESTS is a list of paths or node ids
+  timeout "${TEST_TIMEOUT:-240}" python -m pytest -v -p no:cacheprovider --tb=short -rfE --durations=20 \
+    "${workers[@]}" -m gpu ${TESTS:-tests} 2>&1 | grep -v -E "INFO|PytestBenchmarkWarning|warner\(" \
+    > "$OUT/pytest_gpu.log"
+  log="$OUT/pytest_gpu.log"
+  echo "gpu tests: $(grep -oE '\[[0-9]+ items?\]' "$log" | head -1) $(grep -c ' PASSED' "$log") passed," \
+       "$(grep -c ' FAILED' "$log") failed, $(grep -c ' SKIPPED' "$log") skipped"
+  grep -E "^(FAILED|ERROR)|^E  " "$log" | head -30
+  comm -23 <(grep -E "^tests/" "$log" | sed 's/ *$//' | sort) \
+           <(grep -E " (PASSED|FAILED|SKIPPED|ERROR) " "$log" | sed -E 's/.* (PASSED|FAILED|SKIPPED|ERROR) //; s/ *$//' | sort) \
+    | sed 's/^/unfinished: /' | head -40
   echo "tests: $(( $(date +%s) - t0 )) s"
 fi
 for op in ${bench:+"${@:-gdn}"}; do
