@@ -3,7 +3,8 @@
 # and FlashQLA.
 #   device run, carry [".gpu-bundle", ".devrun"]:
 #   . .gpu-bundle/setup.sh && bash benchmarks/device_run.sh [--full] [--no-tests] [--no-bench] [op ...]
-#   ops: gdn (default), ladder, kkt_solve, chunk_local_cumsum, state_pass; --full runs every case instead of --quick.
+#   ops: gdn (default), kda, ladder, kkt_solve, chunk_local_cumsum, state_pass; --full runs every case instead of
+#   --quick.
 #   Time limits (s): PRECOMPILE_TIMEOUT (0 skips the precompile), TEST_TIMEOUT, BENCH_TIMEOUT, or
 #   BENCH_TIMEOUT_<op> for one op; DEADLINE (epoch seconds) cuts every benchmark short of it. TEST_PROCS: pytest-xdist
 #   workers for the GPU tests (default 16: the tests' TileLang compiles then run in parallel on the host's cores).
@@ -47,8 +48,11 @@ if [ -n "$tests" ]; then
   echo "gpu tests: $(grep -oE '\[[0-9]+ items?\]' "$log" | head -1) $(grep -c ' PASSED' "$log") passed," \
        "$(grep -c ' FAILED' "$log") failed, $(grep -c ' SKIPPED' "$log") skipped"
   grep -E "^(FAILED|ERROR)|^E  " "$log" | head -30
-  comm -23 <(grep -E "^tests/" "$log" | sed 's/ *$//' | sort) \
-           <(grep -E " (PASSED|FAILED|SKIPPED|ERROR) " "$log" | sed -E 's/.* (PASSED|FAILED|SKIPPED|ERROR) //; s/ *$//' | sort) \
+  # started: "nodeid" lines (xdist -v); finished: "[gwN] [ n%] STATUS nodeid" (xdist) or "nodeid STATUS [ n%]"
+  status="PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS"
+  comm -23 <(grep -oE '^tests/[^ ]+::[^ ]+ *$' "$log" | sed 's/ *$//' | sort -u) \
+           <( (grep -oE "($status) tests/[^ ]+::[^ ]+" "$log" | sed -E "s/^($status) //"
+               grep -oE "^tests/[^ ]+::[^ ]+ ($status)" "$log" | sed -E "s/ ($status)$//") | sort -u) \
     | sed 's/^/unfinished: /' | head -40
   echo "tests: $(( $(date +%s) - t0 )) s"
 fi

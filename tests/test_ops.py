@@ -148,6 +148,11 @@ def test_kda_takes_the_hopper_kernels_only_with_safe_gate(monkeypatch):
     assert rel_l2(o, ref) < 1e-2
     with pytest.raises(_KernelsCalled):
         tilela.chunk_kda(q, k, v, g.clamp_min(-5), beta, safe_gate=True)
+    with pytest.raises(_KernelsCalled):  # through the custom op (autograd): the flag travels with the call
+        tilela.chunk_kda(q, k, v.float().requires_grad_().bfloat16(), g.clamp_min(-5), beta, safe_gate=True)
+    with pytest.raises(_KernelsCalled):  # the in-kernel gate bounded by lower_bound
+        tilela.chunk_kda(q, k, v, g, beta, use_gate_in_kernel=True, lower_bound=-5.0)
+    tilela.chunk_kda(q, k, v, g, beta, use_gate_in_kernel=True, A_log=torch.zeros(2))  # unbounded: PyTorch path
     with pytest.raises(_KernelsCalled):
         tilela.chunk_gated_delta_rule(q, k, v, g[..., 0], beta)
 

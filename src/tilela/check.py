@@ -75,8 +75,8 @@ def rel_l2(x: torch.Tensor, ref: torch.Tensor) -> float:
 
 def make_inputs(shape: Shape, dtype: torch.dtype, device: torch.device | str, seed: int = 0,
                 decay: float = 1.0) -> dict[str, torch.Tensor]:
-    """q, k, v in dtype; g (scalar gate [1, T, HV]) and g_channel ([1, T, HV, K]) = logsigmoid(randn) * decay
-    with value heads [0, max(1, HV // 4)) at 0; beta, initial_state, cu_seqlens on device (gates, beta and state
+    """q, k, v in dtype; g (scalar gate [1, T, HV]) and g_channel ([1, T, HV, K], floored at -5) =
+    logsigmoid(randn) * decay with value heads [0, max(1, HV // 4)) at 0; beta, initial_state, cu_seqlens on device (gates, beta and state
     float32, float64 for float64 inputs) and cu_seqlens_cpu."""
     gen = torch.Generator().manual_seed(seed)
     T, H, HV, K, V = sum(shape.lengths), shape.H, shape.HV, shape.K, shape.V
@@ -85,7 +85,7 @@ def make_inputs(shape: Shape, dtype: torch.dtype, device: torch.device | str, se
     k = F.normalize(randn(1, T, H, K), dim=-1)
     v = randn(1, T, HV, V)
     g = F.logsigmoid(randn(1, T, HV)) * decay
-    g_channel = F.logsigmoid(randn(1, T, HV, K)) * decay
+    g_channel = (F.logsigmoid(randn(1, T, HV, K)) * decay).clamp_min(-5)  # KDA's safe_gate range
     g[:, :, : max(1, HV // 4)] = 0.0
     g_channel[:, :, : max(1, HV // 4)] = 0.0
     beta = randn(1, T, HV).sigmoid()
@@ -109,7 +109,8 @@ def run_op(op: str, x: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Ten
                                 **varlen), None
     gate, uses_beta = ATTENTION_OPS[op]
     args = [x["q"], x["k"], x["v"]] + ([_gate(x, gate)] if gate != "none" else []) + ([x["beta"]] if uses_beta else [])
-    plain = {"normalize": False} if op == "chunk_linear_attn" else {}  # the recurrence, not FLA's normaliser
+    # the recurrence, not FLA's normaliser; KDA's gates lie in [-5, 0), so its kernels run on Hopper
+    plain = {"chunk_linear_attn": {"normalize": False}, "chunk_kda": {"safe_gate": True}}.get(op, {})
     return getattr(tilela, op)(*args, initial_state=x["initial_state"], output_final_state=True, **varlen, **plain)
 
 

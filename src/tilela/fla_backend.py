@@ -73,7 +73,7 @@ def verify(name: str, *args, **kwargs) -> tuple[bool, str | None]:
         return False, f"{name}: FLA's own kernel is the faster forward on the GPU"
     hopper = ops._hopper(*tensors)
     if hopper is None or not hopper.plan.covers(hopper.DTYPE_NAMES.get(q.dtype), q.shape[-1], v.shape[-1], gate,
-                                                True):
+                                                True, bool(x.get("safe_gate"))):
         return False, "not served by tilela's Hopper kernels (device, dtype, K, V or gate)"
     return True, None
 

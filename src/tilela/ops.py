@@ -1,4 +1,4 @@
-"""Public ops: FLA-compatible signatures, validation once, then dispatch.
+"""Public ops: FLA-compatible signatures, validation at the boundary, then dispatch.
 
 Layout ``[B, T, H, D]``; varlen through ``cu_seqlens`` ``[N+1]`` (B == 1). GVA: v (and g, beta)
 carry HV = G*H heads and value head h reads q/k head h // G. States are ``[N, HV, K, V]``
@@ -82,17 +82,20 @@ def _run(dims, scale, q, k, v, g, g_kind, beta, needs_beta, initial_state, outpu
 
 def _attention(q, k, v, g, g_kind, beta, needs_beta, scale, initial_state, output_final_state, cu_seqlens,
                cu_seqlens_cpu, check_finite=False, bounded_gate=False):
-    """Validate eagerly; then an eager call on real tensors that records no autograd runs directly (_run: no custom
+    """Validate eagerly; then an eager call on plain tensors that records no autograd runs directly (_run: no custom
     op dispatch, no second validation; the serving case), and every other call goes through the custom op
-    tilela::chunk_attention (autograd, fake tensors, torch.compile; _library.py). Under torch.compile the op
+    tilela::chunk_attention (autograd, fake tensors and other tensor subclasses, functorch transforms, tracing,
+    torch.compile; _library.py). Under torch.compile the op
     validates when it runs, so no value becomes a guard. Eagerly the boundaries read once here travel on as the host
     copy, so the op reads no device memory again."""
     output_final_state = V.check_flag("output_final_state", output_final_state)
     check_finite = V.check_flag("check_finite", check_finite)
     if not torch.compiler.is_compiling():
         dims, scale = _check(q, k, v, g, g_kind, beta, needs_beta, scale, initial_state, cu_seqlens, cu_seqlens_cpu)
-        tensors = [t for t in (q, k, v, g, beta, initial_state) if t is not None]
-        if V.has_values(q) and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)):
+        tensors = [t for t in (q, k, v, g, beta, initial_state, cu_seqlens) if t is not None]
+        plain = all(type(t) is torch.Tensor for t in tensors) and V.has_values(q)
+        grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+        if plain and not grad and not torch._C._are_functorch_transforms_active() and not torch.jit.is_tracing():
             return _run(dims, scale, q, k, v, g, g_kind, beta, needs_beta, initial_state, output_final_state,
                         cu_seqlens, check_finite, bounded_gate)
         if cu_seqlens is not None and cu_seqlens_cpu is None:
@@ -303,20 +306,24 @@ def chunk_kda(
     -5 <= lower_bound < 0 with the in-kernel gate. ``disable_recompute``, ``use_graph`` and ``max_num_seqs`` only
     tune FLA's own kernels and are unused; other keyword arguments are ignored, as FLA does.
 
-    ``safe_gate=True`` is the caller's guarantee, as in FLA, that every log gate lies in [-5, 0) (with the in-kernel
-    gate it follows from lower_bound). Then a Hopper GPU runs our kernels, whose intra-chunk products use 16-token
-    sub-chunks around a reference point (exact while no key channel decays by more than e^-80 within 16 tokens);
-    without it the call takes the PyTorch path, exact for any gate."""
+    A Hopper GPU runs our kernels for a bounded gate: the in-kernel gate with -5 <= lower_bound < 0, or
+    ``safe_gate=True``, which with a precomputed g is the caller's guarantee, as in FLA, that every log gate lies in
+    [-5, 0) (not checked: a channel that decays by more than e^-80 within 16 tokens makes the kernels' intra-chunk
+    products, on 16-token sub-chunks around a reference point, overflow to inf or NaN). Any other gate takes the
+    PyTorch path, exact for any gate."""
     state_v_first = _fla_kwargs(kwargs, state_v_first, head_first_raises=False, layout_alias=True)
     _chunk_size(chunk_size, (32, 64))
     if V.check_flag("return_intermediate_states", return_intermediate_states):
         raise ValueError("return_intermediate_states: the per-chunk states are not returned; pass False")
-    for name, flag in (("safe_gate", safe_gate), ("disable_recompute", disable_recompute), ("use_graph", use_graph)):
+    safe_gate = V.check_flag("safe_gate", safe_gate)
+    for name, flag in (("disable_recompute", disable_recompute), ("use_graph", use_graph)):
         V.check_flag(name, flag)
     if lower_bound is not None and (isinstance(lower_bound, bool) or not isinstance(lower_bound, (int, float))):
         raise TypeError(f"lower_bound: expected a float or None, got {type(lower_bound).__name__}")
     q, k, beta = _qk_beta(q, k, beta, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval)
+    bounded = safe_gate
     if V.check_flag("use_gate_in_kernel", use_gate_in_kernel):
+        bounded = lower_bound is not None and -5 <= lower_bound < 0
         if A_log is None and lower_bound is None:
             raise ValueError("A_log: required when use_gate_in_kernel=True and lower_bound is not set")
         if safe_gate and (lower_bound is None or not -5 <= lower_bound < 0):
@@ -331,7 +338,7 @@ def chunk_kda(
         else:
             g = lower_bound * torch.sigmoid(x if a is None else a * x)
     return _gated_delta(q, k, v, g, "channel", beta, scale, initial_state, output_final_state, state_v_first,
-                        cu_seqlens, cu_seqlens_cpu, cp_context, check_finite, bounded_gate=safe_gate)
+                        cu_seqlens, cu_seqlens_cpu, cp_context, check_finite, bounded_gate=bounded)
 
 
 def chunk_delta_rule(
