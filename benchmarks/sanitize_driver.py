@@ -161,7 +161,7 @@ def jobs(ep, dtypes: list[str]) -> list[tuple[str, str, object]]:
         for level, (gate, delta) in LEVELS.items():
             for K in (64, 128):
                 if ep.ws_covers(K, gate, delta, dtype):
-                    for i, block in enumerate(ep.dv_blocks(K)):
+                    for i, block in enumerate(ep.dv_blocks(K, gate, delta)):
                         kw, variant = dict(kernel="ws", block_DV=block), ""
                         if gate == "channel":  # gla_factors summing the raw gate, and from a given cumsum
                             kw["g_is_cumsum"] = i % 2 == 1

@@ -68,7 +68,7 @@ def test_compiles_for_sm90a(compiled, case):
     if case[0] == "seq_combine":  # the transitions' states arrive through the cp.async pipeline
         assert "cp_async" in source
     if case[0] == "gla_factors":
-        _, dtype, _ = case[1]
+        _, dtype, *_ = case[1]
         if dtype == "float16":  # the sub-chunk score operands in fp32 (tf32 MMAs), as kkt_solve's
             assert "mma_sync<tl::DataType::kTensorFloat32" in source
         else:

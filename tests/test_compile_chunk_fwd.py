@@ -1,6 +1,6 @@
 """Every ladder level's state/output kernel (chunk_fwd: gate x update rule, GDN included), the warp-specialised
-pass (chunk_fwd_ws: no gate, a scalar one, or gla's per-channel factors; DV blocks K / 2 and K, K / 4 and K / 8
-for a few, and the state-only
+pass (chunk_fwd_ws: no gate, a scalar one, or the per-channel factors of gla and KDA; DV blocks K / 2 and K, K / 4
+and K / 8 for a few, and the state-only
 transition pass of the sequence split) and the level-1 sequence-in-grid kernel lower and nvcc-compile for sm_90a (no
 GPU needed), with the tile configuration the launchers use, in bf16 and fp16, K = V in {64, 128} (GDN also 256).
 The varlen / initial-state / final-state switches rotate over the cases.  Configurations are compiled once, in
@@ -57,6 +57,10 @@ CASES = [
     ("ws_full", "channel", False, 64, "float16", None, FLAGS[3]),
     ("ws_half", "channel", False, 64, "bfloat16", None, FLAGS[0]),
     ("ws_quarter", "channel", False, 64, "float16", None, FLAGS[1]),
+    # KDA: the factors in the q and k slots, Kg and P in their own, A from kkt_solve; DV blocks below K
+    ("ws_half", "channel", True, 128, "bfloat16", "float32", FLAGS[0]),
+    ("ws_quarter", "channel", True, 128, "float16", "float32", FLAGS[1]),
+    ("ws_half", "channel", True, 64, "float16", "float32", FLAGS[2]),
     # the sequence split's transitions, state alone: value [V | 0] (V = 2K) from [0 | I] with the delta rule, V
     # from a zero state without (no initial state read)
     ("ws_split_full", "scalar", True, 128, "bfloat16", "float32", FLAGS[0]),

@@ -134,12 +134,14 @@ def test_level_matches_reference(errors, job):
     assert err_s < TOL, f"final state rel L2 {err_s:.3e}"
 
 
-@pytest.mark.parametrize("cumsum", [False, True], ids=["gc-in", "raw-gate"])
+@pytest.mark.parametrize("cumsum,delta", [(False, False), (True, False), (False, True)],
+                         ids=["gc-in", "raw-gate", "kda-gc-in"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_gla_factors_match_reference(case, cumsum):
+def test_gla_factors_match_reference(case, cumsum, delta):
     """Qg, Kd, P and D of every chunk (chunks from each sequence start) against the float64 gated factors, from gc
-    or from the raw gate (summed in the kernel); make_inputs' gates (down to -5 per token) put tiles on both score
-    paths (one product, and sub-chunks where a channel decays by more than e^-80 over the tile)."""
+    or from the raw gate (summed in the kernel), and KDA's Kg = K ⊙ exp(gc); make_inputs' gates (down to -5 per
+    token) put tiles on both score paths (one product, and sub-chunks where a channel decays by more than e^-80
+    over the tile)."""
     c = CASES[case]
     B, T, HV, K, dtype = c["B"], c["T"], c["HV"], c["K"], c["dtype"]
     q, k, _, g, _, _ = make_inputs(B, T, c["H"], HV, K, dtype, "channel", seed=1)
@@ -148,8 +150,8 @@ def test_gla_factors_match_reference(case, cumsum):
     scale = K**-0.5
     q_d = q.cuda()
     sched = launch.Schedule.of(q_d, None if cu is None else torch.tensor(cu, dtype=torch.int32).cuda())
-    Qg, Kd, P, D = launch.launch_factors((K, hopper.DTYPE_NAMES[dtype], cumsum), q_d, k.cuda(),
-                                      (g if cumsum else gc).float().cuda(), scale, sched)
+    Qg, Kd, Kg, P, D = launch.launch_factors((K, hopper.DTYPE_NAMES[dtype], cumsum, delta), q_d, k.cuda(),
+                                             (g if cumsum else gc).float().cuda(), scale, sched)
     G = HV // c["H"]
     qv, kv = (x.double().repeat_interleave(G, dim=2) for x in (q, k))  # value head h reads q/k head h // G
     ref = [torch.zeros(B, T, HV, n, dtype=torch.float64) for n in (K, K, 64)]
@@ -167,3 +169,6 @@ def test_gla_factors_match_reference(case, cumsum):
     for name, x, r in zip(("Qg", "Kd", "P", "D"), (Qg, Kd, P, D[slots]), (*ref, torch.stack(ref_D))):
         err = rel_l2(x.cpu(), r)
         assert err < TOL, f"{name} rel L2 {err:.3e}"
+    assert (Kg is None) is not delta
+    if delta:  # gc is chunk-local, so K ⊙ exp(gc) needs no chunking
+        assert rel_l2(Kg.cpu(), kv * gc.double().exp()) < TOL

@@ -10,7 +10,7 @@ from tilela.kernels.hopper.plan import SegmentPlan, make_plan
 @pytest.mark.parametrize("K,gate,delta,dtype,covered", [
     (128, "scalar", True, "bfloat16", True), (64, "none", False, "float16", True),
     (256, "scalar", True, "bfloat16", False), (128, "channel", False, "bfloat16", True),
-    (128, "channel", True, "bfloat16", False), (128, "scalar", False, "float32", False),
+    (128, "channel", True, "bfloat16", True), (128, "scalar", False, "float32", False),
 ])
 def test_ws_covers(K, gate, delta, dtype, covered):
     assert P.ws_covers(dtype, K, K, gate, delta) is covered
@@ -18,7 +18,8 @@ def test_ws_covers(K, gate, delta, dtype, covered):
 
 @pytest.mark.parametrize("K,V,gate,delta,dtype,covered", [
     (256, 256, "scalar", True, "bfloat16", True), (128, 64, "none", False, "bfloat16", False),
-    (256, 256, "channel", False, "float16", False), (128, 128, "channel", True, "bfloat16", False), (256, 256, "channel", True, "bfloat16", False),
+    (256, 256, "channel", False, "float16", False), (128, 128, "channel", True, "bfloat16", False),
+    (256, 256, "channel", True, "bfloat16", False),
     (64, 64, "none", True, "float32", False), (32, 32, "none", False, "bfloat16", False),
 ])
 def test_pipeline_covers(K, V, gate, delta, dtype, covered):
@@ -78,8 +79,21 @@ def test_gdn_plan_names_its_stages_once():
 
 def test_gla_plan_sums_the_gate_in_its_factors():
     plan = _plan(gate="channel", delta=False, beta_dtype=None)
-    assert plan.cumsum is None and plan.kkt is None and plan.factors == (128, "bfloat16", True)
-    assert _plan(gate="channel", delta=False, g_input="cumsum").factors == (128, "bfloat16", False)
+    assert plan.cumsum is None and plan.kkt is None and plan.factors == (128, "bfloat16", True, False)
+    assert _plan(gate="channel", delta=False, g_input="cumsum").factors == (128, "bfloat16", False, False)
+
+
+def test_kda_plan_takes_the_loop_pass_unless_asked_for_ws():
+    """The per-channel delta rule: "auto" runs the loop pass; kernel="ws" the warp-specialised one after the cumsum
+    (kkt_solve reads gc), kkt_solve and gla_factors with Kg, at a DV block below K (shared memory)."""
+    (cfg,) = _plan(gate="channel").passes
+    assert cfg.kernel == "loop" and _plan(gate="channel").factors is None
+    plan = _plan(gate="channel", kernel="ws")
+    assert plan.cumsum == (64, "float32") and plan.kkt == (64, "blocked", "bfloat16", "channel", 1)
+    assert plan.factors == (128, "bfloat16", False, True) and plan.output.kernel == "ws"
+    assert plan.output.block_DV in P.dv_blocks(128, "channel", True) == (64, 32, 16)
+    with pytest.raises(ValueError, match="block_DV"):
+        _plan(gate="channel", kernel="ws", block_DV=128)
 
 
 def test_k256_takes_the_loop_pass():

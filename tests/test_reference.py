@@ -112,6 +112,26 @@ def test_gated_factors_give_the_chunk_step(gate):
     torch.testing.assert_close(decay * S0 + Kd.transpose(-1, -2) @ v, S_next, rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("gate", GATES)
+def test_gated_factors_give_the_delta_rule_step(gate):
+    """The warp-specialised pass's per-channel delta rule (KDA) from the factors and Kg = K ⊙ exp(gc):
+    Vnew = A diag(beta) (V - Kg S0), O = scale Qg S0 + P Vnew, S_next = exp(gc_last) ⊙ S0 + Kd^T Vnew equal
+    chunk_forward's delta-rule step."""
+    p = make_problem(gate, True, B=1, T=16, H=2, G=1)
+    q, k, v, beta = (p[n][0].transpose(0, 1) for n in ("q", "k", "v", "beta"))
+    S0 = p["initial_state"][0]
+    g = torch.zeros(1, 16, 2, 1, dtype=F64) if p["g"] is None else p["g"]
+    gc = g.reshape(1, 16, 2, -1).cumsum(1)[0].transpose(0, 1)  # [HV, L, 1 or K]
+    scale = 8 ** -0.5
+    O, S_next = chunk_math.chunk_forward(q, k, v, gc, beta, S0, scale)
+    Qg, Kd, P = chunk_math.gated_factors(q, k, gc, scale)
+    Kg, A = k * gc.exp(), chunk_math.ut_transform(k, beta, gc)
+    Vnew = A @ (beta[..., None] * (v - Kg @ S0))
+    torch.testing.assert_close(scale * Qg @ S0 + P @ Vnew, O, rtol=0, atol=1e-12)
+    decay = gc[:, -1, :].exp()[..., None]
+    torch.testing.assert_close(decay * S0 + Kd.transpose(-1, -2) @ Vnew, S_next, rtol=0, atol=1e-12)
+
+
 def test_low_precision_inputs_are_upcast():
     p = make_problem("channel", True, B=1, T=20)
     low = {name: (x.to(torch.bfloat16) if name in ("q", "k", "v") else x) for name, x in p.items()}

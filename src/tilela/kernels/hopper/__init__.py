@@ -12,7 +12,7 @@ precompile.py`; token counts, head counts, K (cumsum, kkt_solve) and varlen layo
     chunk_local_cumsum_kernel(chunk, g dtype)
     kkt_solve_kernel(chunk, method, k dtype, gate kind, value heads per pass); "blocked" at chunk 16 is the plain
     in-place forward substitution of the 16x16 block (no coupling level)
-    gla_factors_kernel(K, q/k dtype, whether it sums the raw gate itself)
+    gla_factors_kernel(K, q/k dtype, whether it sums the raw gate itself, whether it writes KDA's Kg)
     seq_combine_kernel(K, V, gate kind, whether an initial state is read): the plain update's sequence split
     the state passes: plan.PassConfig.args for every (K, gate, update rule, dtype, switches, tiles) a plan can hold
 """
@@ -29,7 +29,8 @@ DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float
 
 CUMSUM_CONFIGS = [(C, d) for C in (16, 32, 64) for d in ("float32", *HALF)]
 KKT_METHODS = [(16, "blocked"), (32, "blocked"), (64, "blocked"), (16, "neumann"), (32, "neumann"), (64, "neumann")]
-GLA_FACTORS_CONFIGS = [(K, d, cumsum) for K in (64, 128) for d in HALF for cumsum in (False, True)]
+GLA_FACTORS_CONFIGS = [(K, d, cumsum, False) for K in (64, 128) for d in HALF for cumsum in (False, True)] + [
+    (K, d, False, True) for K in (64, 128) for d in HALF]
 SEQ_COMBINE_CONFIGS = [(K, K, gate, h0) for K in (64, 128) for gate in ("none", "scalar") for h0 in (False, True)]
 KKT_CONFIGS = [
     (C, m, d, gate, pair)

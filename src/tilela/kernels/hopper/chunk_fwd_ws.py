@@ -11,25 +11,29 @@ scalar gate or none:
     O    = scale [exp(gc) ⊙ (Q S) + tril_incl(exp(gc_i - gc_j) ⊙ Q K^T) Vnew]
     S   <- exp(gc_last) S + K^T Vd,                    Vd = exp(gc_last - gc) ⊙ Vnew
 
-With a per-key-channel gate and the plain update, from the factors gla_factors.py computes beforehand
-(reference.chunk_math.gated_factors; they take the q, k, A and g slots):
+With a per-key-channel gate, from the factors gla_factors.py computes beforehand (reference.chunk_math.gated_factors
+and wy_form's K ⊙ exp(gc); Qg, Kd and D take the q, k and g slots, P the A slot under the plain update):
 
-    O    = scale Qg S + P V,       S <- D ⊙ S + Kd^T V,       D = exp(gc_last) per key channel
+    O    = scale Qg S + P V,       S <- D ⊙ S + Kd^T V,       D = exp(gc_last) per key channel      plain update
+    Vnew = A diag(beta) (V - Kg S),  O = scale Qg S + P Vnew,  S <- D ⊙ S + Kd^T Vnew              delta rule (KDA)
 
 Levels served: linear_attn ("none", plain), simple_gla ("scalar", plain), gla ("channel", plain), delta_rule ("none",
-delta), GDN ("scalar", delta); KDA (per-channel gate, delta rule) and K = 256 stay on chunk_fwd.py.
+delta), GDN ("scalar", delta), KDA ("channel", delta; DV blocks below K: shared memory); K = 256 stays on
+chunk_fwd.py.
 
 Warp groups, one macro each in chunk_fwd_ws_kernel (as in FlashAttention 3's hopper/ kernels: the load group is the
 producer, state and value the mainloop, output the epilogue):
     state   (threads   0-127)  S in fp32 registers for the whole sequence; per chunk it hands its 16-bit copy to
                                S_s, decays S and adds K^T Vd (K^T V from the input slots where Vd = V)
-    value   (threads 128-255)  delta rule: K S -> R = beta (V - exp(gc) K S) (in place of V) -> Vnew = A R -> Vd_s,
+    value   (threads 128-255)  delta rule: K S (Kg S under the per-channel gate) -> R = beta (V - exp(gc) K S) (in
+                               place of V) -> Vnew = A R -> Vd_s,
                                then Vnew_s; plain update without output: Vd_s; plain update with output: the
                                output of the even chunks; plain update without output or Vd_s: idle
     output  (threads 256-383)  P = Q K^T (before S is ready; loaded with a per-channel gate), Q S, O = ... + P Vnew,
                                stores O (of the odd chunks where the value group takes the even ones); without
                                output: idle
-    load    (threads 384-511)  TMA warp: q (for the output), k, v, A (or P); gate warp: gc, beta (or the chunk's D)
+    load    (threads 384-511)  TMA warp: q (for the output), k, v, A (or P; KDA: A, Kg and P); gate warp: gc, beta
+                               (or the chunk's D)
                                loaded GATE_AHEAD chunks ahead into registers, written with exp(gc), exp(gc_last - gc)
                                and the rows' end mask; the other two warps write Vd_s where the value group is an
                                output group, else idle
@@ -58,7 +62,8 @@ Glossary:
     vd             the plain update through a written Vd_s (scalar gate); update_rule's key "vd"
     pingpong       (WsConfig.two_output_groups) the plain update with output: the value group, without products of
                    its own, is a second output group; the two take alternate chunks
-    input slots    the loaded / consumed ring's buffers: q_s, k_s, v_s, A_s, g_s, eg_s, ed_s, beta_s, d_s
+    input slots    the loaded / consumed ring's buffers: q_s, k_s, kg_s, v_s, A_s, Pg_s, g_s, eg_s, ed_s, beta_s,
+                   d_s
     NS1, NSL       launch sizes (common.state_pass_contract): len(cu_seqlens), one more than the sequences; the
                    tile slots of the per-channel gate's D
 """
@@ -146,7 +151,8 @@ class WsConfig:
     scalar: bool
     """A scalar gate per row: gc and exp(gc) in the input slots, the state decays by exp(gc_last)."""
     channel: bool
-    """A per-key-channel gate: gla_factors.py's factors in the q, k and A slots, the state decays by D per key."""
+    """A per-key-channel gate: gla_factors.py's factors in the q, k and A slots (the delta rule: q, k, kg and Pg),
+    the state decays by D per key."""
     two_output_groups: bool
     """The plain update with output ("pingpong"): the value group has no products, so it takes the output of the
     even chunks and the output group that of the odd ones. Each stages its own P; S_s slot c % 2 has one reader."""
@@ -194,8 +200,6 @@ class WsConfig:
         if gate not in GATES:
             raise ValueError(f"gate: one of {GATES}, got {gate!r}")
         scalar, channel = gate == "scalar", gate == "channel"
-        if channel and delta:
-            raise ValueError("gate: the per-channel gate takes the plain update here (KDA runs on chunk_fwd.py)")
         C = CHUNK
         two_output_groups = store_output and not delta
         kv_from_inputs = direct_v(gate, delta)
@@ -207,14 +211,16 @@ class WsConfig:
         S_ring = Ring("S_ready", "S_read", 2, GROUP, S_readers * GROUP) if S_readers else None
         Vd_ring = None if kv_from_inputs else Ring("Vd_ready", "Vd_read", Vd_slots, 64 if vd_writers else GROUP, GROUP)
         Vn_ring = Ring("Vn_ready", "Vn_read", Vn_slots, GROUP, GROUP) if delta and store_output else None
-        slot = [buffer for buffer, used in (  # one input slot of each: q, k, v, gc, exp(gc), ed, A or P, beta, D
+        slot = [buffer for buffer, used in (  # one input slot of each: q, k, Kg, v, gc, exp(gc), ed, A or P, P, beta, D
             (Shared("q_s", (C, K)), store_output),
             (Shared("k_s", (C, K)), True),
+            (Shared("kg_s", (C, K)), channel and delta),  # Kg = K ⊙ exp(gc) for the value group's Kg S
             (Shared("v_s", (C, block_DV)), True),  # V, overwritten by R in the delta rule
             (Shared("g_s", (C,), fp32=True), scalar),  # gc
             (Shared("eg_s", (C,), fp32=True), scalar),  # exp(gc)
             (Shared("ed_s", (C,), fp32=True), not kv_from_inputs),  # exp(gc_last - gc), 0 past the sequence end
             (Shared("A_s", (C, C)), delta or (channel and store_output)),  # A (delta rule) or P (per-channel gate)
+            (Shared("Pg_s", (C, C)), channel and delta and store_output),  # P beside A (per-channel delta rule)
             (Shared("beta_s", (C,), fp32=True), delta),
             (Shared("d_s", (K,), fp32=True), channel),  # D = exp(gc_last) per key channel
         ) if used]
@@ -225,7 +231,11 @@ class WsConfig:
             (Shared("P_s", (2, C, C) if two_output_groups else (C, C)), store_output and not channel),
         ) if used]
         free = SHARED_BYTES - sum(b.bytes for b in fixed)
-        stages = max(2, min(3 if delta else 4, free // sum(b.bytes for b in slot)))
+        stages = min(3 if delta else 4, free // sum(b.bytes for b in slot))
+        if stages < 2:
+            raise ValueError(f"block_DV: two input slots of {sum(b.bytes for b in slot)} bytes and the fixed buffers' "
+                             f"{SHARED_BYTES - free} exceed the {SHARED_BYTES} bytes of shared memory (K={K}, gate "
+                             f"{gate!r}, delta rule {delta}, block_DV={block_DV}); take a smaller DV block")
         return cls(
             K=K, V=V, gate=gate, delta=delta, block_DV=block_DV, store_output=store_output, NV=V // block_DV,
             scalar=scalar, channel=channel, two_output_groups=two_output_groups, kv_from_inputs=kv_from_inputs,
@@ -263,8 +273,8 @@ def chunk_fwd_ws_kernel(
     store_output=True,
 ):
     """Build the warp-specialised state/output pass for static head sizes (K in {64, 128}; V = K, or 2K for the
-    sequence split's transitions), gate kind (GATES; "channel" with the plain update only), update rule and DV block
-    (dv_blocks(K)).  Batch, length, head counts and the varlen layout are dynamic.
+    sequence split's transitions), gate kind (GATES), update rule and DV block (dv_blocks(K); below K for the
+    per-channel delta rule at K = 128).  Batch, length, head counts and the varlen layout are dynamic.
     Grid: (V // block_DV, N sequences, HV), 512 threads.  Inputs absent for a configuration (g without a gate; beta
     and A for the plain update) are one-element placeholders.  store_output=False drops the output group (its
     warps idle, o is not written): the state pass alone, as the sequence split's transitions need it."""
@@ -344,7 +354,8 @@ def chunk_fwd_ws_kernel(
             if delta:
                 s = S_ring.slot(c)
                 T.barrier_wait(smem.S_ready[s], S_ring.ready_parity(c))
-                T.gemm(smem.k_s[slot, :, :], smem.S_s[s, :, :], KS_f, clear_accum=True)
+                T.gemm(smem.kg_s[slot, :, :] if channel else smem.k_s[slot, :, :], smem.S_s[s, :, :], KS_f,
+                       clear_accum=True)
                 T.barrier_arrive(smem.S_read[s])
                 for i, j in T.Parallel(C, block_DV):
                     if scalar:
@@ -389,7 +400,7 @@ def chunk_fwd_ws_kernel(
         if delta:
             n = Vn_ring.slot(c)
             T.barrier_wait(smem.Vn_ready[n], Vn_ring.ready_parity(c))
-            T.gemm(P_s, smem.Vn_s[n, :, :], O_f)
+            T.gemm(smem.Pg_s[slot, :, :] if channel else P_s, smem.Vn_s[n, :, :], O_f)
             T.barrier_arrive(smem.Vn_read[n])
         else:
             T.gemm(smem.A_s[slot, :, :] if channel else P_s, smem.v_s[slot, :, :], O_f)
@@ -412,8 +423,9 @@ def chunk_fwd_ws_kernel(
                              cta.t_end)
 
     @T.macro
-    def tma_warp(smem, cta, q, k, v, A):
-        """The TMA loads of every chunk's q (for the output), k, v and A (or P) into its input slot."""
+    def tma_warp(smem, cta, q, k, v, A, kg, P):
+        """The TMA loads of every chunk's q (for the output), k, v and A (or P; KDA: A, Kg and P) into its input
+        slot."""
         for c in T.serial(cta.n_chunks):
             slot = inputs.slot(c)
             t0 = cta.t_start + c * C
@@ -425,6 +437,10 @@ def chunk_fwd_ws_kernel(
                        barrier=smem.loaded[slot])
             if delta or (channel and store_output):
                 T.tma_copy(A[cta.bb, t0 : t0 + C, cta.bh, :], smem.A_s[slot, :, :], barrier=smem.loaded[slot])
+            if channel and delta:
+                T.tma_copy(kg[cta.bb, t0 : t0 + C, cta.bh, :], smem.kg_s[slot, :, :], barrier=smem.loaded[slot])
+                if store_output:
+                    T.tma_copy(P[cta.bb, t0 : t0 + C, cta.bh, :], smem.Pg_s[slot, :, :], barrier=smem.loaded[slot])
             T.barrier_arrive(smem.loaded[slot])
 
     @T.macro
@@ -491,7 +507,7 @@ def chunk_fwd_ws_kernel(
 
     @T.prim_func
     def chunk_fwd_ws(q: sig.q, k: sig.k, v: sig.v, g: sig.g, beta: sig.beta, A: sig.A, h0: sig.h0,
-                     cu_seqlens: sig.cu_seqlens, o: sig.o, ht: sig.ht):
+                     cu_seqlens: sig.cu_seqlens, o: sig.o, ht: sig.ht, kg: sig.kg, P: sig.P):
         with T.Kernel(cfg.NV, (NS1 - 1) if is_varlen else B, HV, threads=4 * GROUP) as (bv, bn, bh):
             hq = bh // (HV // H)
             v0 = bv * block_DV
@@ -554,7 +570,7 @@ def chunk_fwd_ws_kernel(
             else:  # load
                 T.set_max_nreg(LOAD_REGS, 0)
                 if tx < 3 * GROUP + 32:
-                    tma_warp(smem, cta, q, k, v, A)
+                    tma_warp(smem, cta, q, k, v, A, kg, P)
                 elif tx < 3 * GROUP + 64 and cfg.gate_warp:
                     gate_warp(smem, cta, tx - (3 * GROUP + 32), g, beta)
                 elif cfg.vd_writers:  # the other two warps

@@ -73,12 +73,14 @@ def channel_score_dtype(dtype: str) -> str:
 def state_pass_contract(K, V, gate, delta, dtype, beta_dtype, scores=False):
     """The launch contract both state/output passes (hopper/chunk_fwd.py, hopper/chunk_fwd_ws.py) compile against,
     as a namespace: the dynamic sizes B, Tn, H, HV, NS1 (batch, tokens, q/k heads, value heads, len(cu_seqlens))
-    and the tensor types of the ten arguments, in order q, k, v, g, beta, A, h0, cu_seqlens, o, ht.  Arguments a
-    configuration does not read (g without a gate; beta and A for the plain update) are one-element placeholders.
+    and the tensor types of the ten arguments, in order q, k, v, g, beta, A, h0, cu_seqlens, o, ht, then the
+    warp-specialised pass's two more, kg and P.  Arguments a configuration does not read (g without a gate; beta and
+    A for the plain update; kg and P but under the per-channel delta rule) are one-element placeholders.
     scores: the per-channel gate's factors (hopper/gla_factors.py) in place of the inputs: q, k carry Qg, Kd (then
-    H = HV), the A slot the intra-chunk scores P [B, Tn, HV, 64] and g the decays D = exp(gc_last) [tile slots, HV,
-    K] (tile slot of chunk c of sequence n: common.locate_tile's, floor(cu[n] / 64) + n + c, dense n ceil(Tn / 64)
-    + c)."""
+    H = HV) and g the decays D = exp(gc_last) [tile slots, HV, K] (tile slot of chunk c of sequence n:
+    common.locate_tile's, floor(cu[n] / 64) + n + c, dense n ceil(Tn / 64) + c); the intra-chunk scores P [B, Tn,
+    HV, 64] take the A slot under the plain update, and with the delta rule (KDA) A keeps kkt_solve's output while
+    P and Kg = K ⊙ exp(gc) [B, Tn, HV, K] come as P and kg."""
     B, Tn, H, HV, N0, N1, NS1, NSL = T.dynamic("B, Tn, H, HV, N0, N1, NS1, NSL")
     accum = "float32"
     g_shape = [NSL, HV, K] if scores else {"none": [1], "scalar": [B, Tn, HV], "channel": [B, Tn, HV, K]}[gate]
@@ -94,6 +96,8 @@ def state_pass_contract(K, V, gate, delta, dtype, beta_dtype, scores=False):
         cu_seqlens=T.Tensor([NS1], "int32"),
         o=T.Tensor([B, Tn, HV, V], dtype),
         ht=T.Tensor([N1, HV, K, V], accum),
+        kg=T.Tensor([B, Tn, HV, K] if scores and delta else [1], dtype),
+        P=T.Tensor([B, Tn, HV, TILE] if scores and delta else [1], dtype),
     )
 
 

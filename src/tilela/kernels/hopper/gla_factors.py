@@ -1,11 +1,12 @@
 """gla_factors on Hopper: the state-independent factors of a chunk under a per-key-channel gate (ladder level 3,
-GLA), for every chunk at once. Mirrors reference.chunk_math.gated_factors (and, from the raw gate,
-reference.cumsum.chunk_local_cumsum first):
+GLA; and level 5, KDA), for every chunk at once. Mirrors reference.chunk_math.gated_factors (and, from the raw gate,
+reference.cumsum.chunk_local_cumsum first; Kg as reference.chunk_math.wy_form's K ⊙ exp(gc)):
 
     Qg = Q ⊙ exp(gc)                               the output's state term:   O = scale Qg S + P V
     Kd = K ⊙ exp(gc_last - gc)                     the state update:          S <- D ⊙ S + Kd^T V
     P  = scale tril_incl(Gamma ⊙ Q K^T),           Gamma_ijd = exp(gc_id - gc_jd)
     D  = exp(gc_last)                              per chunk and key channel ([tile slots, HV, K], fp32)
+    Kg = K ⊙ exp(gc)                               with the delta rule (KDA): R = diag(beta) (V - Kg S)
 
 (gc: the chunk-local cumsum of the log gate, [.., K] per token and value head; log gates <= 0, so gc falls along
 the chunk and gc_last is its least value in every channel). With them the state/output pass (chunk_fwd_ws.py,
@@ -36,9 +37,10 @@ THREADS = 128
 DECAY_LIMIT = 80.0  # the one-product scores while no channel decays by more than e^-80 over the tile
 
 
-def gla_factors_kernel(K: int, dtype: str, cumsum: bool) -> T.PrimFunc:
-    """Build the prim_func for static (K, input dtype, whether g is the raw gate to sum here or gc already); tokens,
-    heads (GVA ratio G = HV / H) and the varlen layout are symbolic, scale a run-time argument."""
+def gla_factors_kernel(K: int, dtype: str, cumsum: bool, delta: bool = False) -> T.PrimFunc:
+    """Build the prim_func for static (K, input dtype, whether g is the raw gate to sum here or gc already, whether
+    the delta rule's Kg is written too; else Kg is a one-element placeholder); tokens, heads (GVA ratio G = HV / H)
+    and the varlen layout are symbolic, scale a run-time argument."""
     if K > THREADS:
         raise ValueError(f"K: one thread sums each key channel, so K <= {THREADS}, got {K}")
     C = TILE
@@ -54,6 +56,7 @@ def gla_factors_kernel(K: int, dtype: str, cumsum: bool) -> T.PrimFunc:
         cu_seqlens: T.Tensor((num_bounds,), "int32"),
         Qg: T.Tensor((1, num_tokens, HV, K), dtype),
         Kd: T.Tensor((1, num_tokens, HV, K), dtype),
+        Kg: T.Tensor((1, num_tokens, HV, K) if delta else (1,), dtype),
         P: T.Tensor((1, num_tokens, HV, C), dtype),
         D: T.Tensor((NSL, HV, K), accum),
         scale: T.float32,
@@ -97,6 +100,8 @@ def gla_factors_kernel(K: int, dtype: str, cumsum: bool) -> T.PrimFunc:
                     if start + i < end:
                         Qg[0, start + i, hv, d] = q_s[i, d] * T.exp2(g_s[i, d])
                         Kd[0, start + i, hv, d] = k_s[i, d] * T.exp2(g_s[C - 1, d] - g_s[i, d])
+                        if delta:
+                            Kg[0, start + i, hv, d] = k_s[i, d] * T.exp2(g_s[i, d])
                 for d in T.Parallel(K):
                     D[slot, hv, d] = T.exp2(g_s[C - 1, d])
                 least = 0.0

@@ -5,9 +5,9 @@ the builder unchanged; inputs were validated once by tilela.ops.
 The pipeline (`forward`), as named stages over the [B, T, H, D] layout:
     gc = chunk-local cumsum of g                  launch_cumsum      plan.cumsum   (cumsum.py)
     A  = kkt_solve(k, beta, gc)                   launch_kkt         plan.kkt      (kkt_solve.py; delta rule)
-    Qg, Kd, P, D = gla_factors(q, k, g)           launch_factors     plan.factors  (gla_factors.py; per-channel gate
+    Qg, Kd, Kg, P, D = gla_factors(q, k, g)       launch_factors     plan.factors  (gla_factors.py; per-channel gate
                                                                                    on the ws pass: they take the q, k,
-                                                                                   A and g slots of the pass)
+                                                                                   A (or kg and P) and g slots)
     o, S = state pass(q, k, v, gc, beta, A, S0)   launch_state_pass  plan.passes   (chunk_fwd_ws.py or chunk_fwd.py;
                                                                                    split: seq_split.py's transform,
                                                                                    launch_combine for the plain update)
@@ -113,35 +113,40 @@ def launch_kkt(key: tuple, k: torch.Tensor, beta: torch.Tensor, gc: torch.Tensor
 
 
 def launch_factors(key: tuple, q: torch.Tensor, k: torch.Tensor, g: torch.Tensor, scale: float, sched: Schedule):
-    """(Qg, Kd, P, D) of a per-key-channel gate: Q ⊙ exp(gc) and K ⊙ exp(gc_last - gc) as [B, T, HV, K] and the
-    scaled intra-chunk scores as [B, T, HV, 64], in q's dtype; D = exp(gc_last) per tile slot [slots, HV, K] fp32.
-    key (K, dtype, sums the raw gate): g [B, T, HV, K] is then the raw log gate, else its chunk-local cumsum."""
+    """(Qg, Kd, Kg, P, D) of a per-key-channel gate: Q ⊙ exp(gc), K ⊙ exp(gc_last - gc) and (with the delta rule,
+    else None) K ⊙ exp(gc) as [B, T, HV, K] and the scaled intra-chunk scores as [B, T, HV, 64], in q's dtype;
+    D = exp(gc_last) per tile slot [slots, HV, K] fp32. key (K, dtype, sums the raw gate, delta rule): g
+    [B, T, HV, K] is then the raw log gate, else its chunk-local cumsum."""
     B, Tn, H, K = q.shape
     HV = g.shape[2]
     Qg = torch.empty(B, Tn, HV, K, device=q.device, dtype=q.dtype)
     Kd = torch.empty_like(Qg)
+    Kg = torch.empty_like(Qg) if key[3] else None
     P = torch.empty(B, Tn, HV, TILE, device=q.device, dtype=q.dtype)
     D = torch.empty(max(sched.num_slots, 1), HV, K, device=q.device, dtype=torch.float32)
     if sched.num_slots == 0:
-        return Qg, Kd, P, D
-    compiled(gla_factors_kernel, *key)(flat(q), flat(k), flat(g.float()), sched.cu, flat(Qg), flat(Kd), flat(P), D,
+        return Qg, Kd, Kg, P, D
+    compiled(gla_factors_kernel, *key)(flat(q), flat(k), flat(g.float()), sched.cu, flat(Qg), flat(Kd),
+                                       placeholder(q.device, q.dtype) if Kg is None else flat(Kg), flat(P), D,
                                        float(scale), *sched.grid)
-    return Qg, Kd, P, D
+    return Qg, Kd, Kg, P, D
 
 
-def launch_state_pass(cfg, q, k, v, g, beta, A, h0, cu, N):
+def launch_state_pass(cfg, q, k, v, g, beta, A, h0, cu, N, kg=None, P=None):
     """One state/output launch of PassConfig cfg over N sequences: (o like v, final state [N, HV, K, V] fp32 or
-    None). Inputs a configuration does not read (g without a gate; beta and A for the plain update) and h0 without
-    an initial state are placeholders; o is allocated (the launch contract fixes its shape) but, without the output
-    group, not written."""
+    None). Inputs a configuration does not read (g without a gate; beta and A for the plain update; kg and P but on
+    the warp-specialised pass under the per-channel delta rule) and h0 without an initial state are placeholders; o
+    is allocated (the launch contract fixes its shape) but, without the output group, not written."""
     HV = v.shape[2]
     dev = v.device
     o = torch.empty_like(v)
     ht = torch.empty(N if cfg.store_final_state else 1, HV, cfg.K, cfg.V, dtype=torch.float32, device=dev)
     ph = placeholder(dev, torch.float32)
+    half = placeholder(dev, q.dtype)
     kernel = compiled(STATE_PASSES[cfg.kernel], *cfg.args, warp_specialized=True)
-    kernel(q, k, v, ph if g is None else g, ph if beta is None else beta, placeholder(dev, q.dtype) if A is None else A,
-           ht if h0 is None else h0, cu, o, ht)
+    extra = (half if kg is None else kg, half if P is None else P) if cfg.kernel == "ws" else ()
+    kernel(q, k, v, ph if g is None else g, ph if beta is None else beta, half if A is None else A,
+           ht if h0 is None else h0, cu, o, ht, *extra)
     return o, (ht if cfg.store_final_state else None)
 
 
@@ -188,13 +193,16 @@ def forward(plan: Plan, q, k, v, g, beta, initial_state=None, cu_seqlens=None, *
     if plan.delta:
         beta = beta.contiguous() if beta.dtype in (torch.float32, q.dtype) else beta.float().contiguous()
         A = launch_kkt(plan.kkt, k, beta, g, sched) if A is None else A.contiguous()
-    if plan.factors:  # the state-independent factors first, in the q, k, A and g slots (chunk_fwd_ws.py)
-        q, k, A, g = launch_factors(plan.factors, q, k, g, plan.output.scale, sched)
+    kg = P = None
+    if plan.factors:  # the state-independent factors first, in the q, k, A (or kg, P) and g slots (chunk_fwd_ws.py)
+        q, k, kg, P, g = launch_factors(plan.factors, q, k, g, plan.output.scale, sched)
+        if not plan.delta:
+            A, P = P, None
     elif g is not None:
         g = g.float()
     h0 = None if initial_state is None else initial_state.float().contiguous()
     if plan.split is None:
-        o, ht = launch_state_pass(plan.output, q, k, v, g, beta, A, h0, sched.cu, sched.N)
+        o, ht = launch_state_pass(plan.output, q, k, v, g, beta, A, h0, sched.cu, sched.N, kg, P)
     else:
         o, ht = _split(plan, q, k, v, g, beta, A, h0)
     return (o if plan.output.store_output else None), ht

@@ -9,8 +9,9 @@ A plan answers, in this order:
   update rule  the delta rule (beta, kkt_solve's A) or the plain update S += K^T V
   stages       cumsum of the gate (unless gla_factors sums it in its tile), kkt_solve (delta rule), gla_factors
                (per-channel gate on the warp-specialised pass), then one state/output pass
-  state pass   "ws" (chunk_fwd_ws.py, K = V in {64, 128}, not the per-channel delta rule) or "loop"
-               (chunk_fwd.py, every configuration); its DV block from the cost model below
+  state pass   "ws" (chunk_fwd_ws.py, K = V in {64, 128}) or "loop" (chunk_fwd.py, every configuration); "auto"
+               takes ws where it covers, but the loop pass for the per-channel delta rule (KDA: kernel="ws" asks
+               for the warp-specialised one); its DV block from the cost model below
   split        the sequence split (seq_split.py) where the cost model says it pays: the transitions' pass, the
                combine, then the output pass over the segments as one varlen batch
 Each stage's static configuration is its compile key; the launchers pass it to the builder unchanged.
@@ -21,8 +22,8 @@ at K = 128 on the H200; K = 64 takes those of the same K / DV block) and the spl
 data fitted to H200 measurements; each table names the section of benchmarks/NOTES.md it comes from.
 
 Glossary: "plain" the plain update without a scalar gate (the state adds K^T V straight from the input slots), "vd"
-the plain update through a written Vd = exp(gc_last - gc) ⊙ V (scalar gate), "gdn" the gated delta rule, "delta"
-the ungated delta rule; "transitions" the split's state-only pass from a zero state, "combine" its entering states.
+the plain update through a written Vd = exp(gc_last - gc) ⊙ V (scalar gate), "gdn" the gated delta rule, "kda" the
+per-key-channel gated delta rule, "delta" the ungated delta rule; "transitions" the split's state-only pass from a zero state, "combine" its entering states.
 """
 
 from __future__ import annotations
@@ -53,6 +54,9 @@ CHUNK_US = {
     ("plain", 2, False): 0.55, ("plain", 1, False): 1.1,
     ("vd", 4, True): 1.15, ("vd", 2, True): 2.0, ("vd", 1, True): 3.5,
     ("vd", 2, False): 1.0, ("vd", 1, False): 1.73,
+    # kda: not measured yet; gdn's periods stand in (the same chain plus a Kg operand). No K / 1 entry: two input
+    # slots of Kg, P and the rest do not fit in shared memory at block_DV = K (chunk_fwd_ws.WsConfig.derive)
+    ("kda", 2, True): _GDN_US[(2, True)], ("kda", 4, True): _GDN_US[(4, True)],
 }
 # The split's own cost by update rule (delta rule or not): a fixed cost (the table's copy, the combine launch, the gaps
 # between launches) and a cost per combine step (one batched product per segment index with the delta rule, a
@@ -69,13 +73,15 @@ SPLIT_MARGIN = 0.8
 def update_rule(gate: str, delta: bool) -> str:
     """The chunk-period key of a configuration (glossary above)."""
     if delta:
-        return "gdn" if gate != "none" else "delta"
+        return {"none": "delta", "scalar": "gdn", "channel": "kda"}[gate]
     return "vd" if gate == "scalar" else "plain"
 
 
-def dv_blocks(K: int) -> tuple[int, ...]:
-    """The DV blocks the warp-specialised pass is built for, largest first: K, K / 2, K / 4 and K / 8, down to 16."""
-    return tuple(block for block in (K, K // 2, K // 4, K // 8) if block >= 16)
+def dv_blocks(K: int, gate: str = "none", delta: bool = False) -> tuple[int, ...]:
+    """The DV blocks the warp-specialised pass is built for, largest first: K, K / 2, K / 4 and K / 8, down to 16;
+    not K under the per-channel delta rule (its Kg and P input slots leave no room for two slots at K)."""
+    top = K // 2 if gate == "channel" and delta else K
+    return tuple(block for block in (K, K // 2, K // 4, K // 8) if 16 <= block <= top)
 
 
 def modelled_us(K: int, V: int, grid: int, chunks: int, block_DV: int, sms: int, store_output: bool = True,
@@ -157,15 +163,16 @@ def covers(dtype: str, K: int, V: int, gate: str, delta: bool, bounded: bool = F
     to K = 128 (gla_factors: one thread per key channel; the loop pass's fp32 gate tile in shared memory), and with
     the delta rule (KDA) only for a bounded gate (bounded: the caller guarantees every per-token log gate >= -5, FLA's
     safe_gate). The kernels form the intra-chunk products on 16-token sub-chunks around a reference point, exact
-    while no key channel decays by more than e^-80 within 16 tokens; KDA's unbounded gate form passes that (a
-    channel of FLA's layer initialisation reaches -18 on one token), and the PyTorch path is exact for any gate."""
+    while no key channel decays by more than e^-80 within 16 tokens; KDA's unbounded gate form breaks that on
+    ordinary inputs (with FLA's layer initialisation a channel reaches -30 on one token, and its worst 16-token
+    window -77 over 8192 tokens of 8 heads), and the PyTorch path is exact for any gate."""
     return (dtype in HALF and K == V and K in (64, 128, 256) and (gate != "channel" or K <= 128)
             and (gate != "channel" or not delta or bounded))
 
 
 def ws_covers(dtype: str, K: int, V: int, gate: str, delta: bool) -> bool:
     """Whether the warp-specialised pass serves a configuration (else chunk_fwd.py's loop pass does)."""
-    return dtype in HALF and K == V and K in (64, 128) and gate in GATES and not (gate == "channel" and delta)
+    return dtype in HALF and K == V and K in (64, 128) and gate in GATES
 
 
 def splits(gate: str) -> bool:
@@ -222,7 +229,8 @@ class Plan:
 
     cumsum       (chunk, g dtype) of chunk_local_cumsum on the gate, or None (no gate, or gla_factors sums it)
     kkt          (chunk, method, dtype, gate, value heads per pass) of kkt_solve (delta rule)
-    factors      (K, dtype, sums the raw gate) of gla_factors (per-channel gate on the warp-specialised pass)
+    factors      (K, dtype, sums the raw gate, delta rule: writes Kg) of gla_factors (per-channel gate on the
+                 warp-specialised pass)
     passes       the state/output launches: (outputs,) unsplit, (transitions, outputs) split
     split        the SegmentPlan of the call's host lengths, or None
     combine      (K, V, gate, reads an initial state) of seq_combine (the plain update's split)
@@ -278,7 +286,7 @@ def _plan(*, dtype: str, beta_dtype: str | None, gate_dtype: str | None, gate: s
     The options below serve tests and benchmarks; the ops take the defaults:
     g_input: "raw" (the log gate) or "cumsum" (its chunk-local cumsum already: no cumsum stage).
     kernel: the state pass, "auto" (ws where it covers), "ws" or "loop".
-    block_DV: the unsplit ws pass's DV block (one of dv_blocks(K)), default from the cost model.
+    block_DV: the unsplit ws pass's DV block (one of dv_blocks(K, gate, delta)), default from the cost model.
     split: "auto" (auto_split), None (never) or a SegmentPlan of exactly these lengths.
     outputs=False: the state alone (ws pass without its output group; o is not written)."""
     if g_input not in ("raw", "cumsum"):
@@ -287,9 +295,9 @@ def _plan(*, dtype: str, beta_dtype: str | None, gate_dtype: str | None, gate: s
         raise ValueError(f"kernel: expected 'auto', 'ws' or 'loop', got {kernel!r}")
     ws = ws_covers(dtype, K, V, gate, delta)
     if kernel == "ws" and not ws:
-        raise ValueError(f"kernel='ws' covers K = V in (64, 128) with a scalar gate or none, or a per-channel gate "
-                         f"with the plain update, got K={K}, V={V}, gate {gate!r}, delta rule {delta}, {dtype}")
-    ws = ws and kernel != "loop"
+        raise ValueError(f"kernel='ws' covers bf16/fp16 with K = V in (64, 128), got K={K}, V={V}, gate {gate!r}, "
+                         f"delta rule {delta}, {dtype}")
+    ws = ws and (kernel == "ws" or (kernel == "auto" and not (gate == "channel" and delta)))
     if isinstance(split, SegmentPlan):
         if not ws:
             raise ValueError(f"split: the sequence split runs on the warp-specialised pass, got kernel={kernel!r}, "
@@ -303,16 +311,18 @@ def _plan(*, dtype: str, beta_dtype: str | None, gate_dtype: str | None, gate: s
         split = auto_split(lengths, HV, sms, K, gate, delta) if ws and splits(gate) and outputs else None
     elif split is not None:
         raise ValueError(f"split: expected 'auto', None or a SegmentPlan, got {split!r}")
-    if block_DV is not None and (block_DV not in dv_blocks(K) or not ws or split is not None):
-        raise ValueError(f"block_DV: the unsplit warp-specialised pass takes one of {dv_blocks(K)}, got {block_DV} "
-                         f"(kernel={kernel!r}, warp-specialised: {ws}, split: {split is not None})")
+    if block_DV is not None and (block_DV not in dv_blocks(K, gate, delta) or not ws or split is not None):
+        raise ValueError(f"block_DV: the unsplit warp-specialised pass takes one of {dv_blocks(K, gate, delta)}, got "
+                         f"{block_DV} (kernel={kernel!r}, warp-specialised: {ws}, split: {split is not None})")
     if not outputs and not ws:
         raise ValueError(f"outputs=False: the warp-specialised pass alone drops its output group, got kernel="
                          f"{kernel!r}, K={K}, gate {gate!r}, delta rule {delta}")
 
     beta_dtype = beta_dtype if delta else "float32"
-    factors = (K, dtype, g_input == "raw") if ws and gate == "channel" else None
-    cumsum = None if gate == "none" or factors or g_input == "cumsum" else (CHUNK, gate_dtype)
+    # gla_factors sums the raw gate in its tile, but for the delta rule: kkt_solve reads gc from the cumsum stage
+    sums = g_input == "raw" and not delta
+    factors = (K, dtype, sums, delta) if ws and gate == "channel" else None
+    cumsum = None if gate == "none" or g_input == "cumsum" or (factors and sums) else (CHUNK, gate_dtype)
     kkt = kkt_key(CHUNK, "blocked", dtype, gate, HV // H) if delta else None
     rule = update_rule(gate, delta)
 
