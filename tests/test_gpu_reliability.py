@@ -8,18 +8,11 @@ import torch.nn.functional as F
 import tilela
 from tilela import reference
 from tilela.bench import rel_l2
+from tilela.check import ATTENTION_OPS
 from tilela.kernels.hopper import multiprocessors, plan
 
 pytestmark = pytest.mark.gpu
 
-OPS = {  # op -> (gate kind, uses beta)
-    "chunk_gated_delta_rule": ("scalar", True),
-    "chunk_kda": ("channel", True),
-    "chunk_delta_rule": (None, True),
-    "chunk_linear_attn": (None, False),
-    "chunk_simple_gla": ("scalar", False),
-    "chunk_gla": ("channel", False),
-}
 LAYOUTS = {"dense": None, "varlen": (1, 150, 77, 64, 130), "split": (30000, 1, 190)}
 
 
@@ -29,15 +22,15 @@ def inputs(lengths, B, H, HV, K, gate, seed):
     randn = lambda *shape: torch.randn(*shape, device="cuda", generator=gen)  # noqa: E731
     x = dict(q=F.normalize(randn(B, T, H, K), dim=-1).bfloat16(), k=F.normalize(randn(B, T, H, K), dim=-1).bfloat16(),
              v=randn(B, T, HV, K).bfloat16(), initial_state=randn(B * len(lengths), HV, K, K) * 0.1)
-    if gate is not None:
+    if gate != "none":
         x["g"] = F.logsigmoid(randn(B, T, HV, *((K,) if gate == "channel" else ())) + 2).clamp_min(-5)
     x["beta"] = randn(B, T, HV).sigmoid()
     return x
 
 
 def call(op, x, lengths, **kw):
-    gate, uses_beta = OPS[op]
-    args = [x["q"], x["k"], x["v"]] + ([x["g"]] if gate else []) + ([x["beta"]] if uses_beta else [])
+    gate, uses_beta = ATTENTION_OPS[op]
+    args = [x["q"], x["k"], x["v"]] + ([x["g"]] if gate != "none" else []) + ([x["beta"]] if uses_beta else [])
     if len(lengths) > 1:
         cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
         kw.update(cu_seqlens=cu.cuda(), cu_seqlens_cpu=cu)
@@ -46,16 +39,15 @@ def call(op, x, lengths, **kw):
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
-@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("op", list(ATTENTION_OPS))
 def test_reruns_are_bitwise_identical(op, layout):
-    gate, delta = OPS[op]
+    gate, delta = ATTENTION_OPS[op]
     lengths = LAYOUTS[layout] or (300,)
     B = 2 if layout == "dense" else 1
     if layout == "split":
-        splits = plan.splits(gate or "none") and plan.ws_covers("bfloat16", 128, 128, gate or "none", delta)
-        if not splits:
+        if not plan.splits(gate):
             pytest.skip(f"{op} takes no sequence split")
-        assert plan.auto_split(lengths, 4, multiprocessors(torch.device("cuda")), 128, gate or "none", delta)
+        assert plan.auto_split(lengths, 4, multiprocessors(torch.device("cuda")), 128, gate, delta)
     x = inputs(lengths, B, 4, 4, 128, gate, seed=3)
     first = call(op, x, lengths)
     second = call(op, {n: t.clone() for n, t in x.items()}, lengths)
