@@ -174,3 +174,34 @@ def test_eager_inference_skips_the_custom_op_and_autograd_takes_it(monkeypatch):
         tilela.chunk_delta_rule(q, k, v.requires_grad_(), beta)
     with pytest.raises(_KernelsCalled):
         tilela.chunk_delta_rule(q, k, v, beta)
+
+
+def test_kda_bounded_gate_reaches_the_kernels_through_context_parallelism(monkeypatch, tmp_path):
+    """The safe_gate flag travels through the cp_context path too (one gloo process)."""
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+
+    from tilela import distributed
+    from tilela.kernels.hopper import DTYPE_NAMES, plan
+
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed without gloo")
+
+    def kernels(*args, **kwargs):
+        raise _KernelsCalled
+
+    monkeypatch.setattr(ops, "_hopper", lambda *tensors: SimpleNamespace(plan=plan, DTYPE_NAMES=DTYPE_NAMES,
+                                                                         plan_call=kernels, forward=kernels))
+    gen = torch.Generator().manual_seed(0)
+    q, k = (F.normalize(torch.randn(1, 64, 1, 64, generator=gen), dim=-1).bfloat16() for _ in range(2))
+    v, beta = torch.randn(1, 64, 1, 64, generator=gen).bfloat16(), torch.rand(1, 64, 1, generator=gen)
+    g = F.logsigmoid(torch.randn(1, 64, 1, 64, generator=gen)).clamp_min(-5)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
+    try:
+        ctx = distributed.build_cp_context(torch.tensor([0, 64]))
+        tilela.chunk_kda(q, k, v, g, beta, cp_context=ctx)  # unbounded: the PyTorch path
+        with pytest.raises(_KernelsCalled):
+            tilela.chunk_kda(q, k, v, g, beta, cp_context=ctx, safe_gate=True)
+    finally:
+        dist.destroy_process_group()
