@@ -50,7 +50,7 @@ CASES = [
     ("ws_eighth", "none", True, 128, "bfloat16", "float32", FLAGS[2]),  # delta_rule's default up to one wave
     ("ws_eighth", "none", True, 128, "float16", "float32", FLAGS[3]),
     ("ws_quarter", "none", False, 64, "float16", None, FLAGS[2]),  # 16 columns: linear attention at K = 64
-    # gla: the per-channel gate's factors in the q, k and A slots, every DV block the default picks
+    # gla: the per-channel gate's factors in the q, k and P slots, every DV block the default picks
     ("ws_full", "channel", False, 128, "bfloat16", None, FLAGS[0]),
     ("ws_half", "channel", False, 128, "float16", None, FLAGS[1]),
     ("ws_quarter", "channel", False, 128, "bfloat16", None, FLAGS[2]),

@@ -122,22 +122,28 @@ def test_chunk_primitives_against_reference(chunk_size):
         assert rel_l2(A, ref_A) < 1e-5
 
 
-class _KernelsCalled(Exception):
-    pass
+class _Reached(Exception):
+    """Raised by a stand-in (kernel launches, the custom op) when a call reaches it."""
 
 
-def test_kda_takes_the_hopper_kernels_only_with_safe_gate(monkeypatch):
-    """On a Hopper device chunk_kda runs the kernels only when safe_gate=True bounds every log gate to [-5, 0) (their
-    16-token sub-chunks need it); otherwise the PyTorch path, exact for any gate. GDN is not affected."""
+def _reached(*args, **kwargs):
+    raise _Reached
+
+
+@pytest.fixture
+def fake_hopper(monkeypatch):
+    """ops hands every call to a Hopper backend whose real plan decides and whose launches raise _Reached."""
     from types import SimpleNamespace
 
     from tilela.kernels.hopper import DTYPE_NAMES, plan
 
-    def kernels(*args, **kwargs):
-        raise _KernelsCalled
+    backend = SimpleNamespace(plan=plan, DTYPE_NAMES=DTYPE_NAMES, plan_call=_reached, forward=_reached)
+    monkeypatch.setattr(ops, "_hopper", lambda *tensors: backend)
 
-    monkeypatch.setattr(ops, "_hopper", lambda *tensors: SimpleNamespace(plan=plan, DTYPE_NAMES=DTYPE_NAMES,
-                                                                         plan_call=kernels, forward=kernels))
+
+def test_kda_takes_the_hopper_kernels_only_with_safe_gate(fake_hopper):
+    """On a Hopper device chunk_kda runs the kernels only when safe_gate=True bounds every log gate to [-5, 0) (their
+    16-token sub-chunks need it); otherwise the PyTorch path, exact for any gate. GDN is not affected."""
     gen = torch.Generator().manual_seed(0)
     q, k = (F.normalize(torch.randn(1, 70, 2, 64, generator=gen), dim=-1).bfloat16() for _ in range(2))
     v = torch.randn(1, 70, 2, 64, generator=gen).bfloat16()
@@ -146,14 +152,14 @@ def test_kda_takes_the_hopper_kernels_only_with_safe_gate(monkeypatch):
     o, _ = tilela.chunk_kda(q, k, v, g, beta)
     ref, _ = reference.recurrent(q, k, v, g, beta)
     assert rel_l2(o, ref) < 1e-2
-    with pytest.raises(_KernelsCalled):
+    with pytest.raises(_Reached):
         tilela.chunk_kda(q, k, v, g.clamp_min(-5), beta, safe_gate=True)
-    with pytest.raises(_KernelsCalled):  # through the custom op (autograd): the flag travels with the call
+    with pytest.raises(_Reached):  # through the custom op (autograd): the flag travels with the call
         tilela.chunk_kda(q, k, v.float().requires_grad_().bfloat16(), g.clamp_min(-5), beta, safe_gate=True)
-    with pytest.raises(_KernelsCalled):  # the in-kernel gate bounded by lower_bound
+    with pytest.raises(_Reached):  # the in-kernel gate bounded by lower_bound
         tilela.chunk_kda(q, k, v, g, beta, use_gate_in_kernel=True, lower_bound=-5.0)
     tilela.chunk_kda(q, k, v, g, beta, use_gate_in_kernel=True, A_log=torch.zeros(2))  # unbounded: PyTorch path
-    with pytest.raises(_KernelsCalled):
+    with pytest.raises(_Reached):
         tilela.chunk_gated_delta_rule(q, k, v, g[..., 0], beta)
 
 
@@ -162,37 +168,25 @@ def test_eager_inference_skips_the_custom_op_and_autograd_takes_it(monkeypatch):
     host cost serving pays per call); a call that needs autograd goes through tilela::chunk_attention."""
     from tilela import _library
 
-    def refuse(*args, **kwargs):
-        raise _KernelsCalled
-
     gen = torch.Generator().manual_seed(0)
     q, k = (F.normalize(torch.randn(1, 20, 1, 8, generator=gen), dim=-1) for _ in range(2))
     v, beta = torch.randn(1, 20, 2, 8, generator=gen), torch.rand(1, 20, 2, generator=gen)
-    monkeypatch.setattr(_library, "chunk_attention", refuse)
+    monkeypatch.setattr(_library, "chunk_attention", _reached)
     tilela.chunk_delta_rule(q, k, v, beta)
     with torch.no_grad():
         tilela.chunk_delta_rule(q, k, v.requires_grad_(), beta)
-    with pytest.raises(_KernelsCalled):
+    with pytest.raises(_Reached):
         tilela.chunk_delta_rule(q, k, v, beta)
 
 
-def test_kda_bounded_gate_reaches_the_kernels_through_context_parallelism(monkeypatch, tmp_path):
+def test_kda_bounded_gate_reaches_the_kernels_through_context_parallelism(fake_hopper, tmp_path):
     """The safe_gate flag travels through the cp_context path too (one gloo process)."""
-    from types import SimpleNamespace
-
     import torch.distributed as dist
 
     from tilela import distributed
-    from tilela.kernels.hopper import DTYPE_NAMES, plan
 
     if not dist.is_available() or not dist.is_gloo_available():
         pytest.skip("torch.distributed without gloo")
-
-    def kernels(*args, **kwargs):
-        raise _KernelsCalled
-
-    monkeypatch.setattr(ops, "_hopper", lambda *tensors: SimpleNamespace(plan=plan, DTYPE_NAMES=DTYPE_NAMES,
-                                                                         plan_call=kernels, forward=kernels))
     gen = torch.Generator().manual_seed(0)
     q, k = (F.normalize(torch.randn(1, 64, 1, 64, generator=gen), dim=-1).bfloat16() for _ in range(2))
     v, beta = torch.randn(1, 64, 1, 64, generator=gen).bfloat16(), torch.rand(1, 64, 1, generator=gen)
@@ -201,7 +195,7 @@ def test_kda_bounded_gate_reaches_the_kernels_through_context_parallelism(monkey
     try:
         ctx = distributed.build_cp_context(torch.tensor([0, 64]))
         tilela.chunk_kda(q, k, v, g, beta, cp_context=ctx)  # unbounded: the PyTorch path
-        with pytest.raises(_KernelsCalled):
+        with pytest.raises(_Reached):
             tilela.chunk_kda(q, k, v, g, beta, cp_context=ctx, safe_gate=True)
     finally:
         dist.destroy_process_group()

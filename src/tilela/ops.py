@@ -85,9 +85,8 @@ def _attention(q, k, v, g, g_kind, beta, needs_beta, scale, initial_state, outpu
     """Validate eagerly; then an eager call on plain tensors that records no autograd runs directly (_run: no custom
     op dispatch, no second validation; the serving case), and every other call goes through the custom op
     tilela::chunk_attention (autograd, fake tensors and other tensor subclasses, functorch transforms, tracing,
-    torch.compile; _library.py). Under torch.compile the op
-    validates when it runs, so no value becomes a guard. Eagerly the boundaries read once here travel on as the host
-    copy, so the op reads no device memory again."""
+    torch.compile; _library.py). Under torch.compile the op validates when it runs, so no value becomes a guard.
+    Eagerly the boundaries read once here travel on as the host copy, so the op reads no device memory again."""
     output_final_state = V.check_flag("output_final_state", output_final_state)
     check_finite = V.check_flag("check_finite", check_finite)
     if not torch.compiler.is_compiling():
@@ -326,7 +325,7 @@ def chunk_kda(
         bounded = lower_bound is not None and -5 <= lower_bound < 0
         if A_log is None and lower_bound is None:
             raise ValueError("A_log: required when use_gate_in_kernel=True and lower_bound is not set")
-        if safe_gate and (lower_bound is None or not -5 <= lower_bound < 0):
+        if safe_gate and not bounded:
             raise ValueError(f"lower_bound: safe_gate with use_gate_in_kernel needs -5 <= lower_bound < 0, "
                              f"got {lower_bound}")
         g = _gate_shape(g, v, True, q.shape[-1])

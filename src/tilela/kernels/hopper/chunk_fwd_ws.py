@@ -12,7 +12,7 @@ scalar gate or none:
     S   <- exp(gc_last) S + K^T Vd,                    Vd = exp(gc_last - gc) ⊙ Vnew
 
 With a per-key-channel gate, from the factors gla_factors.py computes beforehand (reference.chunk_math.gated_factors
-and wy_form's K ⊙ exp(gc); Qg, Kd and D take the q, k and g slots, P the A slot under the plain update):
+and wy_form's K ⊙ exp(gc); Qg, Kd and D take the q, k and g slots, P and Kg come as their own arguments):
 
     O    = scale Qg S + P V,       S <- D ⊙ S + Kd^T V,       D = exp(gc_last) per key channel      plain update
     Vnew = A diag(beta) (V - Kg S),  O = scale Qg S + P Vnew,  S <- D ⊙ S + Kd^T Vnew              delta rule (KDA)
@@ -32,8 +32,8 @@ producer, state and value the mainloop, output the epilogue):
     output  (threads 256-383)  P = Q K^T (before S is ready; loaded with a per-channel gate), Q S, O = ... + P Vnew,
                                stores O (of the odd chunks where the value group takes the even ones); without
                                output: idle
-    load    (threads 384-511)  TMA warp: q (for the output), k, v, A (or P; KDA: A, Kg and P); gate warp: gc, beta
-                               (or the chunk's D)
+    load    (threads 384-511)  TMA warp: q (for the output), k, v, A (delta rule), P and Kg (per-channel gate);
+                               gate warp: gc, beta (or the chunk's D)
                                loaded GATE_AHEAD chunks ahead into registers, written with exp(gc), exp(gc_last - gc)
                                and the rows' end mask; the other two warps write Vd_s where the value group is an
                                output group, else idle
@@ -151,8 +151,8 @@ class WsConfig:
     scalar: bool
     """A scalar gate per row: gc and exp(gc) in the input slots, the state decays by exp(gc_last)."""
     channel: bool
-    """A per-key-channel gate: gla_factors.py's factors in the q, k and A slots (the delta rule: q, k, kg and Pg),
-    the state decays by D per key."""
+    """A per-key-channel gate: gla_factors.py's factors in the q, k, Pg (and with the delta rule kg) slots, the state
+    decays by D per key."""
     two_output_groups: bool
     """The plain update with output ("pingpong"): the value group has no products, so it takes the output of the
     even chunks and the output group that of the odd ones. Each stages its own P; S_s slot c % 2 has one reader."""
@@ -167,7 +167,7 @@ class WsConfig:
     gate_warp: bool
     """The gate warp runs: a gate or the delta rule (its rows: gc, beta, D, or only Vd's rows' end mask)."""
     inputs: Ring
-    """loaded / consumed: q, k, v, A or P, gc, beta, D from the load group to the groups that read them. Slots: as
+    """loaded / consumed: q, k, Kg, v, A, P, gc, beta, D from the load group to the groups that read them. Slots: as
     many as shared memory holds beside the fixed buffers, 2 to 4 (3 with the delta rule). Writers: the TMA warp
     and the gate warp. Readers: the state group, the chunk's output group, a value group that writes Vd_s, the Vd
     writers."""
@@ -211,7 +211,7 @@ class WsConfig:
         S_ring = Ring("S_ready", "S_read", 2, GROUP, S_readers * GROUP) if S_readers else None
         Vd_ring = None if kv_from_inputs else Ring("Vd_ready", "Vd_read", Vd_slots, 64 if vd_writers else GROUP, GROUP)
         Vn_ring = Ring("Vn_ready", "Vn_read", Vn_slots, GROUP, GROUP) if delta and store_output else None
-        slot = [buffer for buffer, used in (  # one input slot of each: q, k, Kg, v, gc, exp(gc), ed, A or P, P, beta, D
+        slot = [buffer for buffer, used in (  # one input slot of each: q, k, Kg, v, gc, exp(gc), ed, A, P, beta, D
             (Shared("q_s", (C, K)), store_output),
             (Shared("k_s", (C, K)), True),
             (Shared("kg_s", (C, K)), channel and delta),  # Kg = K ⊙ exp(gc) for the value group's Kg S
@@ -219,8 +219,8 @@ class WsConfig:
             (Shared("g_s", (C,), fp32=True), scalar),  # gc
             (Shared("eg_s", (C,), fp32=True), scalar),  # exp(gc)
             (Shared("ed_s", (C,), fp32=True), not kv_from_inputs),  # exp(gc_last - gc), 0 past the sequence end
-            (Shared("A_s", (C, C)), delta or (channel and store_output)),  # A (delta rule) or P (per-channel gate)
-            (Shared("Pg_s", (C, C)), channel and delta and store_output),  # P beside A (per-channel delta rule)
+            (Shared("A_s", (C, C)), delta),  # kkt_solve's A
+            (Shared("Pg_s", (C, C)), channel and store_output),  # the per-channel gate's scores P (gla_factors)
             (Shared("beta_s", (C,), fp32=True), delta),
             (Shared("d_s", (K,), fp32=True), channel),  # D = exp(gc_last) per key channel
         ) if used]
@@ -403,7 +403,7 @@ def chunk_fwd_ws_kernel(
             T.gemm(smem.Pg_s[slot, :, :] if channel else P_s, smem.Vn_s[n, :, :], O_f)
             T.barrier_arrive(smem.Vn_read[n])
         else:
-            T.gemm(smem.A_s[slot, :, :] if channel else P_s, smem.v_s[slot, :, :], O_f)
+            T.gemm(smem.Pg_s[slot, :, :] if channel else P_s, smem.v_s[slot, :, :], O_f)
         for i, j in T.Parallel(C, block_DV):
             if t0 + i < t_end:
                 o[bb, t0 + i, bh, v0 + j] = O_f[i, j]
@@ -424,8 +424,8 @@ def chunk_fwd_ws_kernel(
 
     @T.macro
     def tma_warp(smem, cta, q, k, v, A, kg, P):
-        """The TMA loads of every chunk's q (for the output), k, v and A (or P; KDA: A, Kg and P) into its input
-        slot."""
+        """The TMA loads of every chunk's q (for the output), k, v, A (delta rule), Kg (per-channel delta rule) and
+        P (per-channel gate, with output) into its input slot."""
         for c in T.serial(cta.n_chunks):
             slot = inputs.slot(c)
             t0 = cta.t_start + c * C
@@ -435,12 +435,12 @@ def chunk_fwd_ws_kernel(
             T.tma_copy(k[cta.bb, t0 : t0 + C, cta.hq, :], smem.k_s[slot, :, :], barrier=smem.loaded[slot])
             T.tma_copy(v[cta.bb, t0 : t0 + C, cta.bh, cta.v0 : cta.v0 + block_DV], smem.v_s[slot, :, :],
                        barrier=smem.loaded[slot])
-            if delta or (channel and store_output):
+            if delta:
                 T.tma_copy(A[cta.bb, t0 : t0 + C, cta.bh, :], smem.A_s[slot, :, :], barrier=smem.loaded[slot])
             if channel and delta:
                 T.tma_copy(kg[cta.bb, t0 : t0 + C, cta.bh, :], smem.kg_s[slot, :, :], barrier=smem.loaded[slot])
-                if store_output:
-                    T.tma_copy(P[cta.bb, t0 : t0 + C, cta.bh, :], smem.Pg_s[slot, :, :], barrier=smem.loaded[slot])
+            if channel and store_output:
+                T.tma_copy(P[cta.bb, t0 : t0 + C, cta.bh, :], smem.Pg_s[slot, :, :], barrier=smem.loaded[slot])
             T.barrier_arrive(smem.loaded[slot])
 
     @T.macro
@@ -580,7 +580,7 @@ def chunk_fwd_ws_kernel(
 
 
 def input_stages(K, block_DV, gate, delta, store_output):
-    """Input slots (q, k, v, A or P, gc, beta, exp(gc_last) per chunk): as many as shared memory holds beside the
+    """Input slots (q, k, Kg, v, A, P, gc, beta, exp(gc_last) per chunk): as many as shared memory holds beside the
     fixed buffers (S_s, Vd_s, Vnew_s, P_s), 2 to 4 (3 with the delta rule). Three let the loads of chunk c + 2
     overlap chunk c + 1 even when the output group lags a chunk behind; four keep more bytes in flight per SM."""
     return WsConfig.derive(K, block_DV, gate, delta, block_DV, store_output).stages

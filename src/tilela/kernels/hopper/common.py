@@ -75,12 +75,11 @@ def state_pass_contract(K, V, gate, delta, dtype, beta_dtype, scores=False):
     as a namespace: the dynamic sizes B, Tn, H, HV, NS1 (batch, tokens, q/k heads, value heads, len(cu_seqlens))
     and the tensor types of the ten arguments, in order q, k, v, g, beta, A, h0, cu_seqlens, o, ht, then the
     warp-specialised pass's two more, kg and P.  Arguments a configuration does not read (g without a gate; beta and
-    A for the plain update; kg and P but under the per-channel delta rule) are one-element placeholders.
+    A for the plain update; kg and P without the factors) are one-element placeholders.
     scores: the per-channel gate's factors (hopper/gla_factors.py) in place of the inputs: q, k carry Qg, Kd (then
-    H = HV) and g the decays D = exp(gc_last) [tile slots, HV, K] (tile slot of chunk c of sequence n:
-    common.locate_tile's, floor(cu[n] / 64) + n + c, dense n ceil(Tn / 64) + c); the intra-chunk scores P [B, Tn,
-    HV, 64] take the A slot under the plain update, and with the delta rule (KDA) A keeps kkt_solve's output while
-    P and Kg = K ⊙ exp(gc) [B, Tn, HV, K] come as P and kg."""
+    H = HV), g the decays D = exp(gc_last) [tile slots, HV, K] (tile slot of chunk c of sequence n:
+    common.locate_tile's, floor(cu[n] / 64) + n + c, dense n ceil(Tn / 64) + c), P the intra-chunk scores [B, Tn,
+    HV, 64] and, with the delta rule (KDA), kg = K ⊙ exp(gc) [B, Tn, HV, K]."""
     B, Tn, H, HV, N0, N1, NS1, NSL = T.dynamic("B, Tn, H, HV, N0, N1, NS1, NSL")
     accum = "float32"
     g_shape = [NSL, HV, K] if scores else {"none": [1], "scalar": [B, Tn, HV], "channel": [B, Tn, HV, K]}[gate]
@@ -91,13 +90,13 @@ def state_pass_contract(K, V, gate, delta, dtype, beta_dtype, scores=False):
         v=T.Tensor([B, Tn, HV, V], dtype),
         g=T.Tensor(g_shape, accum),
         beta=T.Tensor([B, Tn, HV] if delta else [1], beta_dtype),
-        A=T.Tensor([B, Tn, HV, TILE] if delta or scores else [1], dtype),
+        A=T.Tensor([B, Tn, HV, TILE] if delta else [1], dtype),
         h0=T.Tensor([N0, HV, K, V], accum),
         cu_seqlens=T.Tensor([NS1], "int32"),
         o=T.Tensor([B, Tn, HV, V], dtype),
         ht=T.Tensor([N1, HV, K, V], accum),
         kg=T.Tensor([B, Tn, HV, K] if scores and delta else [1], dtype),
-        P=T.Tensor([B, Tn, HV, TILE] if scores and delta else [1], dtype),
+        P=T.Tensor([B, Tn, HV, TILE] if scores else [1], dtype),
     )
 
 

@@ -7,7 +7,7 @@ The pipeline (`forward`), as named stages over the [B, T, H, D] layout:
     A  = kkt_solve(k, beta, gc)                   launch_kkt         plan.kkt      (kkt_solve.py; delta rule)
     Qg, Kd, Kg, P, D = gla_factors(q, k, g)       launch_factors     plan.factors  (gla_factors.py; per-channel gate
                                                                                    on the ws pass: they take the q, k,
-                                                                                   A (or kg and P) and g slots)
+                                                                                   kg, P and g slots)
     o, S = state pass(q, k, v, gc, beta, A, S0)   launch_state_pass  plan.passes   (chunk_fwd_ws.py or chunk_fwd.py;
                                                                                    split: seq_split.py's transform,
                                                                                    launch_combine for the plain update)
@@ -135,8 +135,8 @@ def launch_factors(key: tuple, q: torch.Tensor, k: torch.Tensor, g: torch.Tensor
 def launch_state_pass(cfg, q, k, v, g, beta, A, h0, cu, N, kg=None, P=None):
     """One state/output launch of PassConfig cfg over N sequences: (o like v, final state [N, HV, K, V] fp32 or
     None). Inputs a configuration does not read (g without a gate; beta and A for the plain update; kg and P but on
-    the warp-specialised pass under the per-channel delta rule) and h0 without an initial state are placeholders; o
-    is allocated (the launch contract fixes its shape) but, without the output group, not written."""
+    the warp-specialised pass after gla_factors) and h0 without an initial state are placeholders; o is allocated
+    (the launch contract fixes its shape) but, without the output group, not written."""
     HV = v.shape[2]
     dev = v.device
     o = torch.empty_like(v)
@@ -194,10 +194,8 @@ def forward(plan: Plan, q, k, v, g, beta, initial_state=None, cu_seqlens=None, *
         beta = beta.contiguous() if beta.dtype in (torch.float32, q.dtype) else beta.float().contiguous()
         A = launch_kkt(plan.kkt, k, beta, g, sched) if A is None else A.contiguous()
     kg = P = None
-    if plan.factors:  # the state-independent factors first, in the q, k, A (or kg, P) and g slots (chunk_fwd_ws.py)
+    if plan.factors:  # the state-independent factors first, in the q, k, g, kg and P slots (chunk_fwd_ws.py)
         q, k, kg, P, g = launch_factors(plan.factors, q, k, g, plan.output.scale, sched)
-        if not plan.delta:
-            A, P = P, None
     elif g is not None:
         g = g.float()
     h0 = None if initial_state is None else initial_state.float().contiguous()
