@@ -27,7 +27,8 @@ def test_gdn_grid_is_the_issue_grid():
     names = {c.name for c in gdn.cases(False)}
     assert len(names) == 6 * 6 * 2 + 12 * 2  # head configs x layouts x gate regimes, and the 12 layouts beyond it
     assert "28672+4096_h16-64_decay" in names and "1024x8_h2-8_mixed" in names
-    assert {"1x131072_h4-16_decay", "skew16384+63x128_h16-32_mixed", "serving40_h4-16_mixed", "1x512_h2-8_decay"} <= names
+    assert {"1x131072_h4-16_decay", "skew16384+63x128_h16-32_mixed", "serving40_h4-16_mixed",
+            "1x512_h2-8_decay"} <= names
     serving = next(c for c in gdn.cases(False) if c.name == "serving40_h4-16_mixed").params["lengths"]
     assert len(serving) == 40 and 50 <= min(serving) and max(serving) <= 2000
 

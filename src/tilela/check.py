@@ -76,8 +76,8 @@ def rel_l2(x: torch.Tensor, ref: torch.Tensor) -> float:
 def make_inputs(shape: Shape, dtype: torch.dtype, device: torch.device | str, seed: int = 0,
                 decay: float = 1.0) -> dict[str, torch.Tensor]:
     """q, k, v in dtype; g (scalar gate [1, T, HV]) and g_channel ([1, T, HV, K], floored at -5) =
-    logsigmoid(randn) * decay with value heads [0, max(1, HV // 4)) at 0; beta, initial_state, cu_seqlens on device (gates, beta and state
-    float32, float64 for float64 inputs) and cu_seqlens_cpu."""
+    logsigmoid(randn) * decay with value heads [0, max(1, HV // 4)) at 0; beta, initial_state, cu_seqlens on device
+    (gates, beta and state float32, float64 for float64 inputs) and cu_seqlens_cpu."""
     gen = torch.Generator().manual_seed(seed)
     T, H, HV, K, V = sum(shape.lengths), shape.H, shape.HV, shape.K, shape.V
     randn = lambda *size: torch.randn(*size, generator=gen, dtype=torch.float64)  # noqa: E731

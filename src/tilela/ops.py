@@ -210,6 +210,18 @@ def _state_out(result, state_v_first: bool):
     return o, state.transpose(-1, -2).contiguous()
 
 
+def kda_gate(g: torch.Tensor, A_log, dt_bias, lower_bound: float | None) -> torch.Tensor:
+    """KDA's in-kernel gate from its raw input g [B, T, HV, K] (FLA's two forms, in float32; float64 stays):
+    -exp(A_log) softplus(g + dt_bias), or with lower_bound lower_bound sigmoid(exp(A_log) (g + dt_bias)) (A_log
+    optional there). A_log [HV], dt_bias [HV * K] or None."""
+    HV, K = g.shape[2], g.shape[3]
+    x = _float(g) + (0.0 if dt_bias is None else _heads_param("dt_bias", dt_bias, (HV, K), "[HV * K]"))
+    a = None if A_log is None else _heads_param("A_log", A_log, (HV, 1), "[HV]").exp()
+    if lower_bound is None:
+        return -a * F.softplus(x)
+    return lower_bound * torch.sigmoid(x if a is None else a * x)
+
+
 def _gated_delta(q, k, v, g, gate, beta, scale, initial_state, output_final_state, state_v_first, cu_seqlens,
                  cu_seqlens_cpu, cp_context, check_finite, bounded_gate=False):
     """GDN and KDA after their input transforms: one process, or the ranks of cp_context (tilela.distributed); the
@@ -328,14 +340,7 @@ def chunk_kda(
         if safe_gate and not bounded:
             raise ValueError(f"lower_bound: safe_gate with use_gate_in_kernel needs -5 <= lower_bound < 0, "
                              f"got {lower_bound}")
-        g = _gate_shape(g, v, True, q.shape[-1])
-        HV, K = g.shape[2], g.shape[3]
-        x = _float(g) + (0.0 if dt_bias is None else _heads_param("dt_bias", dt_bias, (HV, K), "[HV * K]"))
-        a = None if A_log is None else _heads_param("A_log", A_log, (HV, 1), "[HV]").exp()
-        if lower_bound is None:
-            g = -a * F.softplus(x)
-        else:
-            g = lower_bound * torch.sigmoid(x if a is None else a * x)
+        g = kda_gate(_gate_shape(g, v, True, q.shape[-1]), A_log, dt_bias, lower_bound)
     return _gated_delta(q, k, v, g, "channel", beta, scale, initial_state, output_final_state, state_v_first,
                         cu_seqlens, cu_seqlens_cpu, cp_context, check_finite, bounded_gate=bounded)
 

@@ -88,12 +88,12 @@ def _ours_ws(case, x):
     """The bounded gate (as chunk_kda computes it) through the plan's stages with the warp-specialised pass; None
     for the unbounded form, which the kernels' contract excludes."""
     from tilela.kernels import hopper
+    from tilela.ops import kda_gate
 
     p = case.params
     if p["gate"] != "bounded":
         return None
-    a = x["A_log"].exp().view(p["HV"], 1)
-    g = LOWER_BOUND * torch.sigmoid(a * (x["g"].float() + x["dt_bias"].view(p["HV"], p["K"])))
+    g = kda_gate(x["g"], x["A_log"], x["dt_bias"], LOWER_BOUND)
     plan = hopper_plan(dict(x, g=g), list(p["lengths"]) * p["B"], p["K"], "channel", kernel="ws")
     o, _ = hopper.forward(plan, x["q"], x["k"], x["v"], g, x["beta"], x["initial_state"], x.get("cu_seqlens"))
     return o

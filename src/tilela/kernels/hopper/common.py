@@ -73,9 +73,10 @@ def channel_score_dtype(dtype: str) -> str:
 def state_pass_contract(K, V, gate, delta, dtype, beta_dtype, scores=False):
     """The launch contract both state/output passes (hopper/chunk_fwd.py, hopper/chunk_fwd_ws.py) compile against,
     as a namespace: the dynamic sizes B, Tn, H, HV, NS1 (batch, tokens, q/k heads, value heads, len(cu_seqlens))
-    and the tensor types of the ten arguments, in order q, k, v, g, beta, A, h0, cu_seqlens, o, ht, then the
-    warp-specialised pass's two more, kg and P.  Arguments a configuration does not read (g without a gate; beta and
-    A for the plain update; kg and P without the factors) are one-element placeholders.
+    and the tensor types of the twelve arguments, in order q, k, v, g, beta, A, h0, cu_seqlens, o, ht, kg, P.
+    Arguments a configuration does not read (g without a gate; beta and A for the plain update; kg and P without
+    the factors, so always on chunk_fwd.py, which forms the per-channel gate's products itself) are one-element
+    placeholders.
     scores: the per-channel gate's factors (hopper/gla_factors.py) in place of the inputs: q, k carry Qg, Kd (then
     H = HV), g the decays D = exp(gc_last) [tile slots, HV, K] (tile slot of chunk c of sequence n:
     common.locate_tile's, floor(cu[n] / 64) + n + c, dense n ceil(Tn / 64) + c), P the intra-chunk scores [B, Tn,

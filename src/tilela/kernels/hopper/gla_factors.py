@@ -16,7 +16,8 @@ only the per-row decay D of S.
 One CTA of 128 threads per (64-row tile, value head): tiles come from common.locate_tile (varlen without host
 synchronisation), chunks are tiles, D is indexed by tile slot. With cumsum the kernel reads the raw gate, floors it
 (common.floor_log_gate) and sums it along each column of the tile itself (one thread per key channel, as
-hopper/cumsum.py), so gc never goes through global memory; else it reads gc. Rows past the sequence end hold gc of its last row.
+hopper/cumsum.py), so gc never goes through global memory; else it reads gc. Rows past the sequence end hold gc of
+its last row.
 
 The scores, two ways, chosen per tile:
   - the tile decays by at most e^-80 in every channel (gc_last >= -80): one 64x64 product of (Q ⊙ exp gc) and

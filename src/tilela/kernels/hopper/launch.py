@@ -134,9 +134,9 @@ def launch_factors(key: tuple, q: torch.Tensor, k: torch.Tensor, g: torch.Tensor
 
 def launch_state_pass(cfg, q, k, v, g, beta, A, h0, cu, N, kg=None, P=None):
     """One state/output launch of PassConfig cfg over N sequences: (o like v, final state [N, HV, K, V] fp32 or
-    None). Inputs a configuration does not read (g without a gate; beta and A for the plain update; kg and P but on
-    the warp-specialised pass after gla_factors) and h0 without an initial state are placeholders; o is allocated
-    (the launch contract fixes its shape) but, without the output group, not written."""
+    None). Inputs a configuration does not read (g without a gate; beta and A for the plain update; kg and P but
+    after gla_factors) and h0 without an initial state are placeholders; o is allocated (the launch contract fixes
+    its shape) but, without the output group, not written."""
     HV = v.shape[2]
     dev = v.device
     o = torch.empty_like(v)
@@ -144,9 +144,8 @@ def launch_state_pass(cfg, q, k, v, g, beta, A, h0, cu, N, kg=None, P=None):
     ph = placeholder(dev, torch.float32)
     half = placeholder(dev, q.dtype)
     kernel = compiled(STATE_PASSES[cfg.kernel], *cfg.args, warp_specialized=True)
-    extra = (half if kg is None else kg, half if P is None else P) if cfg.kernel == "ws" else ()
     kernel(q, k, v, ph if g is None else g, ph if beta is None else beta, half if A is None else A,
-           ht if h0 is None else h0, cu, o, ht, *extra)
+           ht if h0 is None else h0, cu, o, ht, half if kg is None else kg, half if P is None else P)
     return o, (ht if cfg.store_final_state else None)
 
 

@@ -23,7 +23,8 @@ data fitted to H200 measurements; each table names the section of benchmarks/NOT
 
 Glossary: "plain" the plain update without a scalar gate (the state adds K^T V straight from the input slots), "vd"
 the plain update through a written Vd = exp(gc_last - gc) ⊙ V (scalar gate), "gdn" the gated delta rule, "kda" the
-per-key-channel gated delta rule, "delta" the ungated delta rule; "transitions" the split's state-only pass from a zero state, "combine" its entering states.
+per-key-channel gated delta rule, "delta" the ungated delta rule; "transitions" the split's state-only pass from a
+zero state, "combine" its entering states.
 """
 
 from __future__ import annotations
@@ -54,8 +55,7 @@ CHUNK_US = {
     ("plain", 2, False): 0.55, ("plain", 1, False): 1.1,
     ("vd", 4, True): 1.15, ("vd", 2, True): 2.0, ("vd", 1, True): 3.5,
     ("vd", 2, False): 1.0, ("vd", 1, False): 1.73,
-    # kda: not measured yet; gdn's periods stand in (the same chain plus a Kg operand). No K / 1 entry: two input
-    # slots of Kg, P and the rest do not fit in shared memory at block_DV = K (chunk_fwd_ws.WsConfig.derive)
+    # kda: not measured yet; gdn's periods stand in (the same chain plus a Kg operand); no K / 1 (dv_blocks)
     ("kda", 2, True): _GDN_US[(2, True)], ("kda", 4, True): _GDN_US[(4, True)],
 }
 # The split's own cost by update rule (delta rule or not): a fixed cost (the table's copy, the combine launch, the gaps
