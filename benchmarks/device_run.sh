@@ -37,11 +37,12 @@ if [ "${PRECOMPILE_TIMEOUT:-240}" -gt 0 ]; then
   echo "precompile: $(( $(date +%s) - t0 )) s"
 fi
 if [ -n "$tests" ]; then
-  workers=(-n "${TEST_PROCS:-16}")
+  workers=(-n "${TEST_PROCS:-16}" --dist loadgroup)
   python -c "import xdist" 2>/dev/null || workers=()
-  # -v: a run the time limit cuts still shows what passed, what failed and what was in flight
+  # -v: a run the time limit cuts still shows what passed, what failed and what was in flight; SIGINT at the limit
+  # lets pytest print its summary and the slowest durations before it stops
   # shellcheck disable=SC2086  # TESTS is a list of paths or node ids
-  timeout "${TEST_TIMEOUT:-240}" python -m pytest -v -p no:cacheprovider --tb=short -rfE --durations=20 \
+  timeout -s INT -k 30 "${TEST_TIMEOUT:-240}" python -m pytest -v -p no:cacheprovider --tb=short -rfE --durations=20 \
     "${workers[@]}" -m gpu ${TESTS:-tests} 2>&1 | grep -v -E "INFO|PytestBenchmarkWarning|warner\(" \
     > "$OUT/pytest_gpu.log"
   log="$OUT/pytest_gpu.log"

@@ -22,7 +22,8 @@ import torch
 from tilela import reference
 from tilela.bench import rel_l2
 
-pytestmark = pytest.mark.gpu
+# one xdist worker takes the whole module: its fixture already spreads the jobs over a process per core
+pytestmark = [pytest.mark.gpu, pytest.mark.xdist_group("ladder")]
 
 if not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)):
     pytest.skip("needs a Hopper GPU", allow_module_level=True)
