@@ -116,26 +116,32 @@ def test_kda_without_safe_gate_is_exact_past_the_kernels_bound():
     assert rel_l2(o, ref_o) < TOL and rel_l2(S, ref_S) < TOL
 
 
-def _ws_blocks(K):
+def _passes(K):
+    """The single-warp-group pass ("loop") and the warp-specialised pass at each DV block it is built for."""
     from tilela.kernels.hopper import plan
 
-    return [block for block in plan.dv_blocks(K, "channel", True) if block >= 32 or K >= 128]
+    return [("loop", None)] + [("ws", block) for block in plan.dv_blocks(K, "channel", True)
+                               if block >= 32 or K >= 128]
 
 
-@pytest.mark.parametrize("case,block", [(case, block) for case in CASES for block in _ws_blocks(case[4])],
-                         ids=lambda x: f"DV{x}" if isinstance(x, int) else f"{'+'.join(map(str, x[0]))}x{x[1]}_K{x[4]}")
-def test_kda_warp_specialised_pass_against_float64_reference(case, block):
-    """The per-channel delta rule on the warp-specialised pass (plan kernel="ws": cumsum, kkt_solve, gla_factors
-    with Kg, then the pass with Kg and P in their own input slots) at every DV block it is built for."""
+@pytest.mark.parametrize("case,state_pass", [(case, p) for case in CASES for p in _passes(case[4])],
+                         ids=lambda x: f"{x[0]}{x[1] or ''}" if isinstance(x[0], str)
+                         else f"{'+'.join(map(str, x[0]))}x{x[1]}_K{x[4]}")
+def test_kda_state_passes_against_float64_reference(case, state_pass):
+    """The per-channel delta rule through the plan's stages on either state pass: the loop pass reads gc and A;
+    the warp-specialised pass (cumsum, kkt_solve, gla_factors with Kg, then the pass with Kg and P in their own
+    input slots) at every DV block it is built for."""
     from tilela.kernels import hopper
 
     lengths, B, H, HV, K, dtype = case
-    x = make(lengths, B, H, HV, K, dtype, seed=sum(lengths) + block)
+    kernel, block = state_pass
+    x = make(lengths, B, H, HV, K, dtype, seed=sum(lengths) + (block or 0))
     d = {n: None if t is None else t.cuda() for n, t in x.items()}
     plan = hopper.plan_call(d["q"], d["v"], d["g"], d["beta"], K**-0.5, gate="channel",
                             lengths=list(lengths) * B, initial_state=True, output_final_state=True,
-                            varlen=x["cu_seqlens"] is not None, kernel="ws", block_DV=block)
-    assert plan.output.kernel == "ws" and plan.factors == (K, hopper.DTYPE_NAMES[dtype], False, True)
+                            varlen=x["cu_seqlens"] is not None, kernel=kernel, block_DV=block)
+    factors = (K, hopper.DTYPE_NAMES[dtype], False, True) if kernel == "ws" else None
+    assert plan.output.kernel == kernel and plan.factors == factors
     o, S = hopper.forward(plan, d["q"], d["k"], d["v"], d["g"], d["beta"], d["initial_state"], d["cu_seqlens"])
     ref_o, ref_S = reference.chunked(x["q"], x["k"], x["v"], g=x["g"], beta=x["beta"],
                                      initial_state=x["initial_state"], cu_seqlens=x["cu_seqlens"])

@@ -83,12 +83,14 @@ def test_gla_plan_sums_the_gate_in_its_factors():
     assert _plan(gate="channel", delta=False, g_input="cumsum").factors == (128, "bfloat16", False, False)
 
 
-def test_kda_plan_takes_the_loop_pass_unless_asked_for_ws():
-    """The per-channel delta rule: "auto" runs the loop pass; kernel="ws" the warp-specialised one after the cumsum
-    (kkt_solve reads gc), kkt_solve and gla_factors with Kg, at a DV block below K (shared memory)."""
-    (cfg,) = _plan(gate="channel").passes
-    assert cfg.kernel == "loop" and _plan(gate="channel").factors is None
-    plan = _plan(gate="channel", kernel="ws")
+def test_kda_plan_takes_the_warp_specialised_pass():
+    """The per-channel delta rule: "auto" runs the warp-specialised pass after the cumsum (kkt_solve reads gc),
+    kkt_solve and gla_factors with Kg, at a DV block below K (shared memory); kernel="loop" the single-warp-group
+    pass, which needs no factors."""
+    (cfg,) = _plan(gate="channel", kernel="loop").passes
+    assert cfg.kernel == "loop" and _plan(gate="channel", kernel="loop").factors is None
+    assert _plan(gate="channel") == _plan(gate="channel", kernel="ws")
+    plan = _plan(gate="channel")
     assert plan.cumsum == (64, "float32") and plan.kkt == (64, "blocked", "bfloat16", "channel", 1)
     assert plan.factors == (128, "bfloat16", False, True) and plan.output.kernel == "ws"
     assert plan.output.block_DV in P.dv_blocks(128, "channel", True) == (64, 32, 16)

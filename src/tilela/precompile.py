@@ -67,9 +67,9 @@ def jobs() -> list[Job]:
         for beta_dtype in ("float32", dtype) if gate == "scalar" and delta else ("float32",):
             if gate == "channel" or K == 256 or (gate, delta) == ("scalar", True):
                 out.append(Job("chunk_fwd", (K, gate, delta, dtype, beta_dtype, flags), **level))
-            if ws_covers(dtype, K, K, gate, delta) and not (gate == "channel" and delta):  # what "auto" picks
+            if ws_covers(dtype, K, K, gate, delta):  # what "auto" picks
                 out += [Job("ws", (K, K, gate, delta, dtype, beta_dtype, flags, block_DV, True), **level)
-                        for block_DV in dv_blocks(K)]
+                        for block_DV in dv_blocks(K, gate, delta)]
                 if gate != "channel" and flags == (True, delta, True):  # the state pass alone: the sequence
                     # split's transitions (value [V | 0] from [0 | I] with the delta rule, V from zero without), the
                     # state_pass bench's state_only

@@ -8,8 +8,8 @@ float32), float32 initial state, final state out. Two gate forms (FLA's two):
 with g_raw normal, A_log = log(uniform(1, 16)) and dt_bias = softplus^-1(dt), dt log-uniform in [0.001, 0.1]
 (the initialisation of FLA's KDA layer): a mean log gate of about -0.27 per token, down to about -30 on one token.
 Implementations (given cu_seqlens and its host copy where varlen):
-  tilela      tilela.chunk_kda (the Hopper kernels with safe_gate, so for the bounded form; else the PyTorch path)
-  tilela_ws   the bounded form's gate, then our pipeline on the warp-specialised pass (plan kernel="ws")
+  tilela       tilela.chunk_kda (the Hopper kernels with safe_gate, so for the bounded form; else the PyTorch path)
+  tilela_loop  the bounded form's gate, then our pipeline on the single-warp-group pass (plan kernel="loop")
   fla         fla.ops.kda.chunk_kda with FLA_FLASH_KDA=0 and FLA_FLASH_QLA=0 (Triton)
 Cases (K = V = 128): HV in {8, 32, 64} (H = HV) x T in {8192, 32768}; varlen 1024x8 at h32; one 65536-token
 sequence at h4/16; FlashKDA's published H200 cases, B = 1 and B = 2 at T = 8192, H = 64 (FlashKDA 1.209 and
@@ -84,8 +84,8 @@ def _ours(case, x):
     return o
 
 
-def _ours_ws(case, x):
-    """The bounded gate (as chunk_kda computes it) through the plan's stages with the warp-specialised pass; None
+def _ours_loop(case, x):
+    """The bounded gate (as chunk_kda computes it) through the plan's stages with the single-warp-group pass; None
     for the unbounded form, which the kernels' contract excludes."""
     from tilela.kernels import hopper
     from tilela.ops import kda_gate
@@ -94,7 +94,7 @@ def _ours_ws(case, x):
     if p["gate"] != "bounded":
         return None
     g = kda_gate(x["g"], x["A_log"], x["dt_bias"], LOWER_BOUND)
-    plan = hopper_plan(dict(x, g=g), list(p["lengths"]) * p["B"], p["K"], "channel", kernel="ws")
+    plan = hopper_plan(dict(x, g=g), list(p["lengths"]) * p["B"], p["K"], "channel", kernel="loop")
     o, _ = hopper.forward(plan, x["q"], x["k"], x["v"], g, x["beta"], x["initial_state"], x.get("cu_seqlens"))
     return o
 
@@ -137,7 +137,7 @@ BENCH = Bench(
     check_cases=[_case((2, 2), "1x2048", (2048,), 1, "softplus"),
                  _case((2, 4), "300+1+77+64", (300, 1, 77, 64), 1, "bounded")],
     make_inputs=make_inputs,
-    impls={"tilela": _ours, "tilela_ws": _ours_ws, "fla": _fla},
+    impls={"tilela": _ours, "tilela_loop": _ours_loop, "fla": _fla},
     reference=_reference,
     cost=cost,
 )

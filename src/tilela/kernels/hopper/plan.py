@@ -10,8 +10,7 @@ A plan answers, in this order:
   stages       cumsum of the gate (unless gla_factors sums it in its tile), kkt_solve (delta rule), gla_factors
                (per-channel gate on the warp-specialised pass), then one state/output pass
   state pass   "ws" (chunk_fwd_ws.py, K = V in {64, 128}) or "loop" (chunk_fwd.py, every configuration); "auto"
-               takes ws where it covers, but the loop pass for the per-channel delta rule (KDA: kernel="ws" asks
-               for the warp-specialised one); its DV block from the cost model below
+               takes ws wherever it covers; its DV block from the cost model below
   split        the sequence split (seq_split.py) where the cost model says it pays: the transitions' pass, the
                combine, then the output pass over the segments as one varlen batch
 Each stage's static configuration is its compile key; the launchers pass it to the builder unchanged.
@@ -297,7 +296,7 @@ def _plan(*, dtype: str, beta_dtype: str | None, gate_dtype: str | None, gate: s
     if kernel == "ws" and not ws:
         raise ValueError(f"kernel='ws' covers bf16/fp16 with K = V in (64, 128), got K={K}, V={V}, gate {gate!r}, "
                          f"delta rule {delta}, {dtype}")
-    ws = ws and (kernel == "ws" or (kernel == "auto" and not (gate == "channel" and delta)))
+    ws = ws and kernel != "loop"
     if isinstance(split, SegmentPlan):
         if not ws:
             raise ValueError(f"split: the sequence split runs on the warp-specialised pass, got kernel={kernel!r}, "
