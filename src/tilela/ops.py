@@ -215,11 +215,12 @@ def kda_gate(g: torch.Tensor, A_log, dt_bias, lower_bound: float | None) -> torc
     -exp(A_log) softplus(g + dt_bias), or with lower_bound lower_bound sigmoid(exp(A_log) (g + dt_bias)) (A_log
     optional there). A_log [HV], dt_bias [HV * K] or None."""
     HV, K = g.shape[2], g.shape[3]
-    x = _float(g) + (0.0 if dt_bias is None else _heads_param("dt_bias", dt_bias, (HV, K), "[HV * K]"))
+    b = None if dt_bias is None else _heads_param("dt_bias", dt_bias, (HV, K), "[HV * K]")
     a = None if A_log is None else _heads_param("A_log", A_log, (HV, 1), "[HV]").exp()
-    if lower_bound is None:
-        return -a * F.softplus(x)
-    return lower_bound * torch.sigmoid(x if a is None else a * x)
+    if lower_bound is not None and a is not None:  # a (g + b) as one multiply-add reading g in its own dtype
+        return lower_bound * torch.sigmoid(a * g if b is None else torch.addcmul(a * b, g, a))
+    x = _float(g) if b is None else g + b  # float32 (float64 stays) from g's dtype in one pass
+    return lower_bound * torch.sigmoid(x) if lower_bound is not None else -a * F.softplus(x)
 
 
 def _gated_delta(q, k, v, g, gate, beta, scale, initial_state, output_final_state, state_v_first, cu_seqlens,
