@@ -202,3 +202,30 @@ def test_chunk_primitives_through_public_ops(chunk_size, method):
                          cu_seqlens_cpu=cu)
     ref_A = reference.kkt_solve(x["k"], x["beta"], reference.chunk_local_cumsum(x["g"], chunk_size, cu), chunk_size, cu)
     assert A.dtype == torch.bfloat16 and rel_l2(A, ref_A) < 1e-2
+
+
+@pytest.mark.parametrize("form,columns", [("softplus", (6,)), ("softplus", (4, 64)), ("sigmoid", (4, 64))])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_cumsum_stage_forms_the_in_kernel_gate(form, columns, dtype):
+    """FLA's in-kernel gate formed in the cumsum stage (kernels/hopper/cumsum.py) against the float64 cumsum of
+    tilela._gates.apply_gate: raw inputs far into softplus's linear range and sigmoid's tails, gate columns of GDN
+    ([HV]) and KDA ([HV, K]), varlen with 1-token sequences, dt_bias and A_log of FLA's layer scale."""
+    from tilela._gates import apply_gate
+    from tilela.kernels.hopper import launch
+
+    gen = torch.Generator().manual_seed(len(columns) + (form == "sigmoid"))
+    cu = torch.tensor([0, 1, 64, 65, 195, 196, 203], dtype=torch.int32)
+    raw = torch.randn(1, int(cu[-1]), *columns, generator=gen) * 4
+    raw[0, 70:80] = torch.tensor([-300.0, -40.0, -10.0, 0.0, 10.0, 40.0, 300.0, 1e4, -1e4, 0.5]).view(
+        10, *(1,) * len(columns))
+    raw = raw.to(dtype)
+    a = torch.empty(columns[0]).uniform_(1, 16, generator=gen).view(-1, *(1,) * (len(columns) - 1)).expand(columns)
+    b = torch.randn(columns, generator=gen) - 3
+    params, lower = torch.stack((a, b)), (-5.0 if form == "sigmoid" else None)
+    scale = lower if form == "sigmoid" else None
+    sched = launch.Schedule.of(raw.cuda(), cu.cuda())
+    gc = launch.launch_cumsum((64, {torch.bfloat16: "bfloat16", torch.float32: "float32"}[dtype], form), raw.cuda(),
+                              sched, scale, params.cuda())
+    ref = reference.chunk_local_cumsum(apply_gate(raw.double(), form, params.double(), lower), 64, cu)
+    assert torch.isfinite(gc).all()
+    assert rel_l2(gc, ref) < 1e-5

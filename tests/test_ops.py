@@ -163,6 +163,48 @@ def test_kda_takes_the_hopper_kernels_only_with_safe_gate(fake_hopper):
         tilela.chunk_gated_delta_rule(q, k, v, g[..., 0], beta)
 
 
+def test_in_kernel_gates_reach_the_cumsum_stage_raw(monkeypatch):
+    """GDN's and KDA's in-kernel gate reach the Hopper pipeline as FLA's raw input: the plan's cumsum stage forms the
+    log gate (tilela._gates.apply_gate: its form, (exp(A_log), dt_bias) per gate column, KDA's lower bound), eagerly
+    and through the custom op."""
+    from types import SimpleNamespace
+
+    from tilela import _gates
+    from tilela.kernels import hopper
+    from tilela.kernels.hopper import DTYPE_NAMES, plan
+
+    calls = []
+
+    def forward(plan_, q, k, v, g, beta, h0, cu, gate_params=None, gate_scale=None):
+        calls.append((plan_, g, gate_params, gate_scale))
+        raise _Reached
+
+    backend = SimpleNamespace(plan=plan, DTYPE_NAMES=DTYPE_NAMES, forward=forward,
+                              plan_call=lambda *args, **kw: hopper.plan_call(*args, sms=132, **kw))
+    monkeypatch.setattr(ops, "_hopper", lambda *tensors: backend)
+    gen = torch.Generator().manual_seed(0)
+    q, k = (F.normalize(torch.randn(1, 70, 2, 64, generator=gen), dim=-1).bfloat16() for _ in range(2))
+    v, beta = torch.randn(1, 70, 2, 64, generator=gen).bfloat16(), torch.rand(1, 70, 2, generator=gen)
+    raw = torch.randn(1, 70, 2, 64, generator=gen).bfloat16()
+    A_log, dt_bias = torch.randn(2, generator=gen), torch.randn(2 * 64, generator=gen)
+    for v_ in (v, v.float().requires_grad_().bfloat16()):
+        with pytest.raises(_Reached):
+            tilela.chunk_kda(q, k, v_, raw, beta, use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias,
+                             lower_bound=-5.0)
+        with pytest.raises(_Reached):
+            tilela.chunk_gated_delta_rule(q, k, v_, raw[..., 0], beta, use_gate_in_kernel=True, A_log=A_log,
+                                          dt_bias=dt_bias[:2])
+    a, b = A_log.double().exp(), dt_bias.double().view(2, 64)
+    want = {"sigmoid": -5.0 * torch.sigmoid(a[:, None] * (raw.double() + b)),
+            "softplus": -a * F.softplus(raw[..., 0].double() + dt_bias[:2].double())}
+    assert len(calls) == 4
+    for plan_, g, params, lower in calls:
+        form = plan_.cumsum[2]
+        assert plan_.cumsum == (64, "bfloat16", form) and g.dtype == torch.bfloat16
+        assert (lower == -5.0) if form == "sigmoid" else lower is None
+        assert rel_l2(_gates.apply_gate(g.double(), form, params.double(), lower), want[form]) < 1e-6
+
+
 def test_eager_inference_skips_the_custom_op_and_autograd_takes_it(monkeypatch):
     """An eager call that records no autograd runs the implementation directly (one validation, no op dispatch: the
     host cost serving pays per call); a call that needs autograd goes through tilela::chunk_attention."""

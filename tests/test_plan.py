@@ -70,7 +70,7 @@ def _plan(**kw):
 
 def test_gdn_plan_names_its_stages_once():
     plan = _plan(H=2, HV=8, lengths=[8192], tokens=8192)
-    assert plan.cumsum == (64, "float32") and plan.kkt == (64, "blocked", "bfloat16", "scalar", 2)
+    assert plan.cumsum == (64, "float32", "log") and plan.kkt == (64, "blocked", "bfloat16", "scalar", 2)
     assert plan.factors is None and plan.split is None and plan.combine is None
     (cfg,) = plan.passes
     assert cfg.kernel == "ws" and cfg.args == (128, 128, 1.0, "scalar", True, "bfloat16", "float32", False, False,
@@ -91,7 +91,7 @@ def test_kda_plan_takes_the_warp_specialised_pass():
     assert cfg.kernel == "loop" and _plan(gate="channel", kernel="loop").factors is None
     assert _plan(gate="channel") == _plan(gate="channel", kernel="ws")
     plan = _plan(gate="channel")
-    assert plan.cumsum == (64, "float32") and plan.kkt == (64, "blocked", "bfloat16", "channel", 1)
+    assert plan.cumsum == (64, "float32", "log") and plan.kkt == (64, "blocked", "bfloat16", "channel", 1)
     assert plan.factors == (128, "bfloat16", False, True) and plan.output.kernel == "ws"
     assert plan.output.block_DV in P.dv_blocks(128, "channel", True) == (64, 32, 16)
     with pytest.raises(ValueError, match="block_DV"):

@@ -22,11 +22,22 @@ the scale of 1e7). So every g_s is clamped from below at ``LOG_GATE_FLOOR`` befo
   - -inf becomes the floor (no NaN); NaN stays NaN (clamp propagates it), so a NaN gate spreads as any NaN input.
 
 Every path that forms a chunk-local cumsum of raw gates applies this floor first, the Hopper kernels included.
+
+FLA's in-kernel gate (GDN's and KDA's ``use_gate_in_kernel``) gives the op the gate's input x instead of the log
+gate; ``apply_gate`` forms the log gate from it, per gate column (value head, and key channel for KDA):
+
+    form "softplus":  g = -a softplus(x + b)
+    form "sigmoid":   g = lower_bound sigmoid(a (x + b))          (KDA with lower_bound)
+
+with params = (a, b) stacked in front of the gate's column shape: a = exp(A_log), b = dt_bias (1 and 0 where not
+given). The Hopper kernels apply it in the cumsum stage (kernels/hopper/cumsum.py); every other path, autograd's
+recompute included, applies it here first.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 LOG_GATE_FLOOR = -110.0
 
@@ -34,3 +45,17 @@ LOG_GATE_FLOOR = -110.0
 def floor_log_gate(g: torch.Tensor) -> torch.Tensor:
     """g clamped from below at ``LOG_GATE_FLOOR`` (-inf included; NaN kept)."""
     return g.clamp(min=LOG_GATE_FLOOR)
+
+
+GATE_FORMS = ("log", "softplus", "sigmoid")  # "log": g is the log gate itself
+
+
+def apply_gate(x: torch.Tensor, form: str, params: torch.Tensor | None, lower_bound: float | None) -> torch.Tensor:
+    """The log gate from the op's g (module docstring): x itself for form "log", else from FLA's in-kernel gate
+    input x [B, T, HV] or [B, T, HV, K] and params [2, HV] or [2, HV, K] (float32 out; float64 stays)."""
+    if form == "log":
+        return x
+    a, b = params
+    if form == "softplus":
+        return -a * F.softplus(x + b)
+    return lower_bound * torch.sigmoid(torch.addcmul(a * b, x, a))  # a x + a b: one pass over x in its own dtype

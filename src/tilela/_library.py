@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ._gates import apply_gate
 from .torch_path import chunk as torch_path
 
 
@@ -41,19 +42,22 @@ def _state_dtype(q: Tensor) -> torch.dtype:
 def chunk_attention(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor | None,
                     initial_state: Tensor | None, cu_seqlens: Tensor | None, cu_seqlens_cpu: Tensor | None,
                     gate: str, delta: bool, scale: float | None, output_final_state: bool,
-                    check_finite: bool = False, bounded_gate: bool = False) -> tuple[Tensor, Tensor]:
+                    check_finite: bool = False, bounded_gate: bool = False, gate_form: str = "log",
+                    gate_params: Tensor | None = None, lower_bound: float | None = None) -> tuple[Tensor, Tensor]:
     """(o, final state); the state is an empty tensor unless output_final_state. Validates, then dispatches
-    (bounded_gate: the caller guarantees every per-token log gate >= -5, see kernels.hopper.plan.covers)."""
-    from .ops import _dispatch
+    (bounded_gate: the caller guarantees every per-token log gate >= -5, see kernels.hopper.plan.covers; gate_form
+    other than "log": g is FLA's in-kernel gate input, with gate_params and lower_bound, tilela._gates)."""
+    from .ops import InKernelGate, _dispatch
 
+    gate_in = None if gate_form == "log" else InKernelGate(gate_form, gate_params, lower_bound)
     o, S = _dispatch(q, k, v, g, gate, beta, delta, scale, initial_state, output_final_state, cu_seqlens,
-                     cu_seqlens_cpu, check_finite, bounded_gate)
+                     cu_seqlens_cpu, check_finite, bounded_gate, gate_in)
     return o, (S if S is not None else q.new_empty(0, dtype=_state_dtype(q)))
 
 
 @chunk_attention.register_fake
 def _(q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu, gate, delta, scale, output_final_state,
-      check_finite=False, bounded_gate=False):
+      check_finite=False, bounded_gate=False, gate_form="log", gate_params=None, lower_bound=None):
     B, T, HV, Vd = v.shape
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     state = (N, HV, q.shape[3], Vd) if output_final_state else (0,)
@@ -63,18 +67,21 @@ def _(q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu, gate, delta, 
 @torch.library.custom_op("tilela::chunk_attention_backward", mutates_args=())
 def chunk_attention_backward(do: Tensor, dS: Tensor | None, q: Tensor, k: Tensor, v: Tensor, g: Tensor | None,
                              beta: Tensor | None, initial_state: Tensor | None, cu_seqlens: Tensor | None,
-                             cu_seqlens_cpu: Tensor | None, gate: str, scale: float | None,
+                             cu_seqlens_cpu: Tensor | None, gate: str, scale: float | None, gate_form: str,
+                             gate_params: Tensor | None, lower_bound: float | None,
                              needs: list[bool]) -> list[Tensor]:
-    """Gradients of (q, k, v, g, beta, initial_state) by recomputing the forward on the PyTorch path; an entry
-    whose ``needs`` is False (or whose input is None) is an empty tensor."""
+    """Gradients of (q, k, v, g, beta, initial_state, gate_params) by recomputing the forward on the PyTorch path
+    (the in-kernel gate formed from g first); an entry whose ``needs`` is False (or whose input is None) is an empty
+    tensor."""
     from .ops import _check
 
-    inputs = (q, k, v, g, beta, initial_state)
+    inputs = (q, k, v, g, beta, initial_state, gate_params)
     dims, _ = _check(q, k, v, g, gate, beta, beta is not None, scale, initial_state, cu_seqlens, cu_seqlens_cpu)
     with _autograd_on(), torch.enable_grad():
         leaves = [None if x is None else x.detach().requires_grad_(need) for x, need in zip(inputs, needs)]
-        o, S = torch_path.chunk_attention(*leaves[:5], dims.K ** -0.5 if scale is None else scale, leaves[5],
-                                          dS is not None, dims)
+        q_, k_, v_, g_, beta_, h0_, params_ = leaves
+        o, S = torch_path.chunk_attention(q_, k_, v_, apply_gate(g_, gate_form, params_, lower_bound), beta_,
+                                          dims.K ** -0.5 if scale is None else scale, h0_, dS is not None, dims)
         wanted = [x for x, need in zip(leaves, needs) if need and x is not None]
         outputs, grads_out = ([o, S], [do, dS]) if dS is not None else ([o], [do])
         grads = iter(torch.autograd.grad(outputs, wanted, grads_out, allow_unused=True))
@@ -88,22 +95,35 @@ def chunk_attention_backward(do: Tensor, dS: Tensor | None, q: Tensor, k: Tensor
 
 
 @chunk_attention_backward.register_fake
-def _(do, dS, q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu, gate, scale, needs):
+def _(do, dS, q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu, gate, scale, gate_form, gate_params,
+      lower_bound, needs):
     return [torch.empty_like(x) if need and x is not None else q.new_empty(0)
-            for x, need in zip((q, k, v, g, beta, initial_state), needs)]
+            for x, need in zip((q, k, v, g, beta, initial_state, gate_params), needs)]
+
+
+# chunk_attention's inputs that carry gradients, by position: q, k, v, g, beta, initial_state and gate_params
+_DIFFERENTIABLE = (0, 1, 2, 3, 4, 5, 15)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu, gate, _, scale, output_final_state, *_ = inputs
-    ctx.save_for_backward(q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu)
-    ctx.options = (gate, scale, output_final_state)
+    (q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu, gate, _, scale, output_final_state, _, _,
+     gate_form, gate_params, lower_bound) = inputs
+    ctx.save_for_backward(q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu, gate_params)
+    ctx.options = (gate, scale, output_final_state, gate_form, lower_bound)
 
 
 def _backward(ctx, do, dS):
-    gate, scale, output_final_state = ctx.options
-    needs = list(ctx.needs_input_grad[:6])
-    grads = chunk_attention_backward(do, dS if output_final_state else None, *ctx.saved_tensors, gate, scale, needs)
-    return (*(grad if need else None for grad, need in zip(grads, needs)), *[None] * (len(ctx.needs_input_grad) - 6))
+    gate, scale, output_final_state, gate_form, lower_bound = ctx.options
+    *tensors, gate_params = ctx.saved_tensors
+    flags = ctx.needs_input_grad  # one per argument passed, trailing defaults left out
+    needs = [i < len(flags) and flags[i] for i in _DIFFERENTIABLE]
+    grads = chunk_attention_backward(do, dS if output_final_state else None, *tensors, gate, scale, gate_form,
+                                     gate_params, lower_bound, needs)
+    result = [None] * len(flags)
+    for i, grad, need in zip(_DIFFERENTIABLE, grads, needs):
+        if need:
+            result[i] = grad
+    return tuple(result)
 
 
 chunk_attention.register_autograd(_backward, setup_context=_setup_context)

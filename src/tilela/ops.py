@@ -29,12 +29,14 @@ from __future__ import annotations
 
 import math
 import warnings
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
 from . import _library
 from . import _validation as V
+from ._gates import apply_gate
 from .torch_path import chunk as torch_path
 
 
@@ -57,17 +59,28 @@ def _check(q, k, v, g, g_kind, beta, needs_beta, scale, initial_state, cu_seqlen
 
 
 def _dispatch(q, k, v, g, g_kind, beta, needs_beta, scale, initial_state, output_final_state, cu_seqlens,
-              cu_seqlens_cpu, check_finite=False, bounded_gate=False):
+              cu_seqlens_cpu, check_finite=False, bounded_gate=False, gate_in=None):
     """Validate and run one call on the Hopper kernels or the PyTorch path (the body of tilela::chunk_attention);
-    bounded_gate: the caller guarantees every per-token log gate >= -5 (kernels.hopper.plan.covers)."""
+    bounded_gate: the caller guarantees every per-token log gate >= -5 (kernels.hopper.plan.covers); gate_in: the
+    in-kernel gate g is the input of (InKernelGate), or None."""
     dims, scale = _check(q, k, v, g, g_kind, beta, needs_beta, scale, initial_state, cu_seqlens, cu_seqlens_cpu)
     return _run(dims, scale, q, k, v, g, g_kind, beta, needs_beta, initial_state, output_final_state, cu_seqlens,
-                check_finite, bounded_gate)
+                check_finite, bounded_gate, gate_in)
+
+
+class InKernelGate(NamedTuple):
+    """FLA's in-kernel gate (tilela._gates.apply_gate): the form, params = (exp(A_log), dt_bias) stacked in front of
+    the gate's columns, and the sigmoid form's lower bound."""
+
+    form: str
+    params: torch.Tensor
+    lower_bound: float | None
 
 
 def _run(dims, scale, q, k, v, g, g_kind, beta, needs_beta, initial_state, output_final_state, cu_seqlens,
-         check_finite, bounded_gate):
-    """One validated call (dims and scale from _check) on the Hopper kernels or the PyTorch path."""
+         check_finite, bounded_gate, gate_in):
+    """One validated call (dims and scale from _check) on the Hopper kernels (the in-kernel gate in their cumsum
+    stage) or the PyTorch path (the gate formed first)."""
     V.check_finite(check_finite, dict(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state), dims.seq_bounds)
     scale = dims.K ** -0.5 if scale is None else scale
     hopper = _hopper(q, k, v, g, beta, initial_state, cu_seqlens)
@@ -75,13 +88,16 @@ def _run(dims, scale, q, k, v, g, g_kind, beta, needs_beta, initial_state, outpu
                                                  bounded_gate):
         plan = hopper.plan_call(q, v, g, beta, scale, gate=g_kind, lengths=[e - s for s, e in dims.seq_bounds],
                                 initial_state=initial_state is not None, output_final_state=output_final_state,
-                                varlen=cu_seqlens is not None)
-        return hopper.forward(plan, q, k, v, g, beta, initial_state, cu_seqlens)
+                                varlen=cu_seqlens is not None, gate_form="log" if gate_in is None else gate_in.form)
+        return hopper.forward(plan, q, k, v, g, beta, initial_state, cu_seqlens,
+                              gate_params=None if gate_in is None else gate_in.params,
+                              gate_scale=None if gate_in is None else gate_in.lower_bound)
+    g = g if gate_in is None else apply_gate(g, *gate_in)
     return torch_path.chunk_attention(q, k, v, g, beta, scale, initial_state, output_final_state, dims)
 
 
 def _attention(q, k, v, g, g_kind, beta, needs_beta, scale, initial_state, output_final_state, cu_seqlens,
-               cu_seqlens_cpu, check_finite=False, bounded_gate=False):
+               cu_seqlens_cpu, check_finite=False, bounded_gate=False, gate_in=None):
     """Validate eagerly; then an eager call on plain tensors that records no autograd runs directly (_run: no custom
     op dispatch, no second validation; the serving case), and every other call goes through the custom op
     tilela::chunk_attention (autograd, fake tensors and other tensor subclasses, functorch transforms, tracing,
@@ -96,12 +112,13 @@ def _attention(q, k, v, g, g_kind, beta, needs_beta, scale, initial_state, outpu
         grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
         if plain and not grad and not torch._C._are_functorch_transforms_active() and not torch.jit.is_tracing():
             return _run(dims, scale, q, k, v, g, g_kind, beta, needs_beta, initial_state, output_final_state,
-                        cu_seqlens, check_finite, bounded_gate)
+                        cu_seqlens, check_finite, bounded_gate, gate_in)
         if cu_seqlens is not None and cu_seqlens_cpu is None:
             cu_seqlens_cpu = torch.tensor([0, *(e for _, e in dims.seq_bounds)], dtype=torch.int64)
+    form, params, lower_bound = ("log", None, None) if gate_in is None else gate_in
     o, S = _library.chunk_attention(q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu, g_kind, needs_beta,
                                     None if scale is None else float(scale), output_final_state, check_finite,
-                                    bounded_gate)
+                                    bounded_gate, form, params, lower_bound)
     return o, (S if output_final_state else None)
 
 
@@ -210,30 +227,35 @@ def _state_out(result, state_v_first: bool):
     return o, state.transpose(-1, -2).contiguous()
 
 
-def kda_gate(g: torch.Tensor, A_log, dt_bias, lower_bound: float | None) -> torch.Tensor:
-    """KDA's in-kernel gate from its raw input g [B, T, HV, K] (FLA's two forms, in float32; float64 stays):
-    -exp(A_log) softplus(g + dt_bias), or with lower_bound lower_bound sigmoid(exp(A_log) (g + dt_bias)) (A_log
-    optional there). A_log [HV], dt_bias [HV * K] or None."""
-    HV, K = g.shape[2], g.shape[3]
-    b = None if dt_bias is None else _heads_param("dt_bias", dt_bias, (HV, K), "[HV * K]")
-    a = None if A_log is None else _heads_param("A_log", A_log, (HV, 1), "[HV]").exp()
-    if lower_bound is not None and a is not None:  # a (g + b) as one multiply-add reading g in its own dtype
-        return lower_bound * torch.sigmoid(a * g if b is None else torch.addcmul(a * b, g, a))
-    x = _float(g) if b is None else g + b  # float32 (float64 stays) from g's dtype in one pass
-    return lower_bound * torch.sigmoid(x) if lower_bound is not None else -a * F.softplus(x)
+def in_kernel_gate(g: torch.Tensor, A_log, dt_bias, lower_bound: float | None) -> InKernelGate:
+    """FLA's in-kernel gate on g [B, T, HV] (GDN) or [B, T, HV, K] (KDA): -exp(A_log) softplus(g + dt_bias), or with
+    lower_bound lower_bound sigmoid(exp(A_log) (g + dt_bias)) (A_log optional there). A_log [HV], dt_bias [HV] or
+    [HV * K] (optional); params in float32 (float64 stays)."""
+    columns = tuple(g.shape[2:])
+    meaning = "[HV]" if len(columns) == 1 else "[HV * K]"
+    a = None if A_log is None else _heads_param("A_log", A_log, columns[:1] + (1,) * (len(columns) - 1), "[HV]").exp()
+    b = None if dt_bias is None else _heads_param("dt_bias", dt_bias, columns, meaning)
+    like = a if a is not None else b
+    dtype, device = (torch.float32, g.device) if like is None else (like.dtype, like.device)
+    a = torch.ones((1,) * len(columns), dtype=dtype, device=device) if a is None else a
+    b = torch.zeros((1,) * len(columns), dtype=dtype, device=device) if b is None else b
+    params = torch.stack(torch.broadcast_tensors(*(x.expand(columns) for x in (a, b))))
+    return InKernelGate("softplus" if lower_bound is None else "sigmoid", params, lower_bound)
 
 
 def _gated_delta(q, k, v, g, gate, beta, scale, initial_state, output_final_state, state_v_first, cu_seqlens,
-                 cu_seqlens_cpu, cp_context, check_finite, bounded_gate=False):
+                 cu_seqlens_cpu, cp_context, check_finite, bounded_gate=False, gate_in=None):
     """GDN and KDA after their input transforms: one process, or the ranks of cp_context (tilela.distributed); the
-    state in FLA's layout either way. bounded_gate: KDA's safe_gate (kernels.hopper.plan.covers)."""
+    state in FLA's layout either way. bounded_gate: KDA's safe_gate (kernels.hopper.plan.covers); gate_in: g is
+    the in-kernel gate's input (the context-parallel path forms the gate first)."""
     initial_state = _state_in(initial_state, state_v_first)
     if cp_context is not None:
+        g = g if gate_in is None else apply_gate(g, *gate_in)
         result = _cp_attention(cp_context, q, k, v, g, gate, beta, scale, initial_state, output_final_state,
                                check_finite, bounded_gate)
     else:
         result = _attention(q, k, v, g, gate, beta, True, scale, initial_state, output_final_state, cu_seqlens,
-                            cu_seqlens_cpu, check_finite, bounded_gate)
+                            cu_seqlens_cpu, check_finite, bounded_gate, gate_in)
     return _state_out(result, state_v_first)
 
 
@@ -269,15 +291,14 @@ def chunk_gated_delta_rule(
     state_v_first = _fla_kwargs(kwargs, state_v_first, head_first_raises=True, layout_alias=True)
     _chunk_size(chunk_size, (16, 32, 64))
     q, k, beta = _qk_beta(q, k, beta, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval)
+    gate_in = None
     if V.check_flag("use_gate_in_kernel", use_gate_in_kernel):
         g = _gate_shape(g, v, False, 0)
         if A_log is None:
             raise ValueError("A_log: required when use_gate_in_kernel=True")
-        HV = g.shape[2]
-        bias = 0.0 if dt_bias is None else _heads_param("dt_bias", dt_bias, (HV,), "[HV]")
-        g = -_heads_param("A_log", A_log, (HV,), "[HV]").exp() * F.softplus(_float(g) + bias)
+        gate_in = in_kernel_gate(g, A_log, dt_bias, None)
     return _gated_delta(q, k, v, g, "scalar", beta, scale, initial_state, output_final_state, state_v_first,
-                        cu_seqlens, cu_seqlens_cpu, cp_context, check_finite)
+                        cu_seqlens, cu_seqlens_cpu, cp_context, check_finite, gate_in=gate_in)
 
 
 def chunk_kda(
@@ -333,7 +354,7 @@ def chunk_kda(
     if lower_bound is not None and (isinstance(lower_bound, bool) or not isinstance(lower_bound, (int, float))):
         raise TypeError(f"lower_bound: expected a float or None, got {type(lower_bound).__name__}")
     q, k, beta = _qk_beta(q, k, beta, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval)
-    bounded = safe_gate
+    bounded, gate_in = safe_gate, None
     if V.check_flag("use_gate_in_kernel", use_gate_in_kernel):
         bounded = lower_bound is not None and -5 <= lower_bound < 0
         if A_log is None and lower_bound is None:
@@ -341,9 +362,10 @@ def chunk_kda(
         if safe_gate and not bounded:
             raise ValueError(f"lower_bound: safe_gate with use_gate_in_kernel needs -5 <= lower_bound < 0, "
                              f"got {lower_bound}")
-        g = kda_gate(_gate_shape(g, v, True, q.shape[-1]), A_log, dt_bias, lower_bound)
+        g = _gate_shape(g, v, True, q.shape[-1])
+        gate_in = in_kernel_gate(g, A_log, dt_bias, lower_bound)
     return _gated_delta(q, k, v, g, "channel", beta, scale, initial_state, output_final_state, state_v_first,
-                        cu_seqlens, cu_seqlens_cpu, cp_context, check_finite, bounded_gate=bounded)
+                        cu_seqlens, cu_seqlens_cpu, cp_context, check_finite, bounded, gate_in)
 
 
 def chunk_delta_rule(
@@ -541,6 +563,6 @@ def chunk_local_cumsum(
     if hopper is not None and g.dtype != torch.float64:
         from .kernels.hopper import launch
 
-        return launch.launch_cumsum((chunk_size, hopper.DTYPE_NAMES[g.dtype]), g.contiguous(),
+        return launch.launch_cumsum((chunk_size, hopper.DTYPE_NAMES[g.dtype], "log"), g.contiguous(),
                                          launch.Schedule.of(g, cu_seqlens), scale)
     return torch_path.chunk_local_cumsum(g, chunk_size, scale, dims)

@@ -53,8 +53,9 @@ def jobs() -> list[Job]:
 
     op_of = {level: op for op, level in ATTENTION_OPS.items()}
     gated = frozenset(op for op, (gate, _) in ATTENTION_OPS.items() if gate != "none")
-    out = [Job("cumsum", c, frozenset({"chunk_local_cumsum"}) | (gated if c[0] == TILE else frozenset()))
-           for c in CUMSUM_CONFIGS]
+    in_kernel_gate = frozenset(op_of[gate, True] for gate in ("scalar", "channel"))  # GDN's and KDA's gate forms
+    out = [Job("cumsum", c, frozenset({"chunk_local_cumsum"}) | (gated if c[0] == TILE else frozenset())
+               if c[2] == "log" else in_kernel_gate) for c in CUMSUM_CONFIGS]
     out += [Job("kkt", c, frozenset({"kkt_solve"} | ({op_of[c[3], True]} if c[:2] == (TILE, "blocked") else set())),
                 dtype=c[2]) for c in KKT_CONFIGS]
     out += [Job("gla", c, frozenset({op_of["channel", False]}), dtype=c[1], K=c[0]) for c in GLA_FACTORS_CONFIGS]

@@ -101,7 +101,7 @@ def _try_import(name):
 
 def hopper_plan(x: dict[str, Any], lengths: list[int], K: int, gate: str, **options):
     """The Hopper plan the public op makes for these inputs (x: q, v, initial_state and optionally g, beta,
-    cu_seqlens), with kernels.hopper.make_plan's options (kernel, block_DV, split, g_input, outputs)."""
+    cu_seqlens), with kernels.hopper.make_plan's options (kernel, block_DV, split, g_input, gate_form, outputs)."""
     from tilela.kernels import hopper
 
     return hopper.plan_call(x["q"], x["v"], x.get("g"), x.get("beta"), K**-0.5, gate=gate, lengths=lengths,

@@ -9,7 +9,7 @@ with g_raw normal, A_log = log(uniform(1, 16)) and dt_bias = softplus^-1(dt), dt
 (the initialisation of FLA's KDA layer): a mean log gate of about -0.27 per token, down to about -30 on one token.
 Implementations (given cu_seqlens and its host copy where varlen):
   tilela       tilela.chunk_kda (the Hopper kernels with safe_gate, so for the bounded form; else the PyTorch path)
-  tilela_loop  the bounded form's gate, then our pipeline on the single-warp-group pass (plan kernel="loop")
+  tilela_loop  the bounded form through our pipeline on the single-warp-group pass (plan kernel="loop")
   fla         fla.ops.kda.chunk_kda with FLA_FLASH_KDA=0 and FLA_FLASH_QLA=0 (Triton)
 Cases (K = V = 128): HV in {8, 32, 64} (H = HV) x T in {8192, 32768}; varlen 1024x8 at h32; one 65536-token
 sequence at h4/16; FlashKDA's published H200 cases, B = 1 and B = 2 at T = 8192, H = 64 (FlashKDA 1.209 and
@@ -85,17 +85,18 @@ def _ours(case, x):
 
 
 def _ours_loop(case, x):
-    """The bounded gate (as chunk_kda computes it) through the plan's stages with the single-warp-group pass; None
-    for the unbounded form, which the kernels' contract excludes."""
+    """The bounded form through the plan's stages (the gate formed in the cumsum stage, as chunk_kda does) with the
+    single-warp-group pass; None for the unbounded form, which the kernels' contract excludes."""
     from tilela.kernels import hopper
-    from tilela.ops import kda_gate
+    from tilela.ops import in_kernel_gate
 
     p = case.params
     if p["gate"] != "bounded":
         return None
-    g = kda_gate(x["g"], x["A_log"], x["dt_bias"], LOWER_BOUND)
-    plan = hopper_plan(dict(x, g=g), list(p["lengths"]) * p["B"], p["K"], "channel", kernel="loop")
-    o, _ = hopper.forward(plan, x["q"], x["k"], x["v"], g, x["beta"], x["initial_state"], x.get("cu_seqlens"))
+    gate_in = in_kernel_gate(x["g"], x["A_log"], x["dt_bias"], LOWER_BOUND)
+    plan = hopper_plan(x, list(p["lengths"]) * p["B"], p["K"], "channel", kernel="loop", gate_form=gate_in.form)
+    o, _ = hopper.forward(plan, x["q"], x["k"], x["v"], x["g"], x["beta"], x["initial_state"], x.get("cu_seqlens"),
+                          gate_params=gate_in.params, gate_scale=gate_in.lower_bound)
     return o
 
 

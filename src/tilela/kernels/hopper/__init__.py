@@ -9,7 +9,7 @@ the kernels can run on given tensors.
 
 The static configurations we ship, each compiled by the tests (tests/test_compile*.py) and by `benchmarks/
 precompile.py`; token counts, head counts, K (cumsum, kkt_solve) and varlen layouts are symbolic:
-    chunk_local_cumsum_kernel(chunk, g dtype)
+    chunk_local_cumsum_kernel(chunk, g dtype, gate form): "log" at every chunk, FLA's in-kernel gate forms at 64
     kkt_solve_kernel(chunk, method, k dtype, gate kind, value heads per pass); "blocked" at chunk 16 is the plain
     in-place forward substitution of the 16x16 block (no coupling level)
     gla_factors_kernel(K, q/k dtype, whether it sums the raw gate itself, whether it writes KDA's Kg)
@@ -23,11 +23,12 @@ import functools
 
 import torch
 
-from .plan import HALF, Plan, SegmentPlan, make_plan
+from .plan import CHUNK, HALF, Plan, SegmentPlan, make_plan
 
 DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
-CUMSUM_CONFIGS = [(C, d) for C in (16, 32, 64) for d in ("float32", *HALF)]
+CUMSUM_CONFIGS = [(C, d, "log") for C in (16, 32, 64) for d in ("float32", *HALF)] + [
+    (CHUNK, d, form) for form in ("softplus", "sigmoid") for d in ("float32", *HALF)]
 KKT_METHODS = [(16, "blocked"), (32, "blocked"), (64, "blocked"), (16, "neumann"), (32, "neumann"), (64, "neumann")]
 GLA_FACTORS_CONFIGS = [(K, d, cumsum, False) for K in (64, 128) for d in HALF for cumsum in (False, True)] + [
     (K, d, False, True) for K in (64, 128) for d in HALF]
@@ -79,11 +80,12 @@ def plan_call(q: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, beta: to
         sms=multiprocessors(v.device) if sms is None else sms, **options)
 
 
-def forward(plan: Plan, q, k, v, g, beta, initial_state=None, cu_seqlens=None, *, A=None):
+def forward(plan: Plan, q, k, v, g, beta, initial_state=None, cu_seqlens=None, *, A=None, gate_params=None,
+            gate_scale=None):
     """Run a plan on its call's tensors (launch.forward)."""
     from .launch import forward as run
 
-    return run(plan, q, k, v, g, beta, initial_state, cu_seqlens, A=A)
+    return run(plan, q, k, v, g, beta, initial_state, cu_seqlens, A=A, gate_params=gate_params, gate_scale=gate_scale)
 
 
 __all__ = ["Plan", "SegmentPlan", "available", "forward", "make_plan", "multiprocessors", "plan_call",

@@ -1,33 +1,54 @@
-"""chunk_local_cumsum on Hopper: the chunk-local prefix sum of the log gate.
+"""chunk_local_cumsum on Hopper: the chunk-local prefix sum of the log gate, from the gate itself or from FLA's
+in-kernel gate input.
 
-    gc_t = scale * sum_{s = c(t)}^{t} max(g_s, LOG_GATE_FLOOR),    c(t) = first token of t's chunk
+    gc_t = scale * sum_{s = c(t)}^{t} max(f(g_s), LOG_GATE_FLOOR),    c(t) = first token of t's chunk
+    f(x) = x                          form "log"
+    f(x) = -a softplus(x + b)         form "softplus" (GDN's and KDA's in-kernel gate)
+    f(x) = sigmoid(a (x + b))         form "sigmoid"  (KDA's bounded gate; scale = its lower bound)
 
-(chunks of C from each sequence start; tilela._gates: the floor keeps the chunked forms exact where exp underflows,
-a NaN gate stays NaN).
+with (a, b) per column of the gate (tilela._gates.InKernelGate: a = exp(A_log) per value head, b = dt_bias);
+chunks of C from each sequence start; tilela._gates: the floor keeps the chunked forms exact where exp underflows,
+a NaN gate stays NaN.
 
-Mirrors reference.cumsum.chunk_local_cumsum. The gate is viewed as [1, T, W] with W = H (scalar gate) or H * K
-(per-channel gate). A CTA owns a 64-token x 128-column tile: the tile comes in as one coalesced parallel load into
-shared memory (every load in flight at once: a thread walking global memory row by row would wait out 64
-dependent latencies), each thread then scans its column in shared memory in order, restarting the float32 sum at
-each chunk start, and the tile leaves by one coalesced parallel store. Tiles come from common.locate_tile
-(varlen without host synchronisation); chunks of C <= 64 align with tiles because both count from the sequence
-start.
+Mirrors reference.cumsum.chunk_local_cumsum of tilela._gates.apply_gate's log gate. The gate is viewed as [1, T, W]
+with W = H (scalar gate) or H * K (per-channel gate). A CTA owns a 64-token x 128-column tile: the tile comes in as
+one coalesced parallel load into shared memory (every load in flight at once: a thread walking global memory row by
+row would wait out 64 dependent latencies), each thread then scans its column in shared memory in order, its
+(a, b) in registers, applying f and the floor and restarting the float32 sum at each chunk start, and the tile
+leaves by one coalesced parallel store. Tiles come from common.locate_tile (varlen without host synchronisation); chunks of C <= 64 align
+with tiles because both count from the sequence start.
 """
 
 import tilelang.language as T
 
-from .common import TILE, floor_log_gate, locate_tile
+from .common import TILE, exp_e, floor_log_gate, locate_tile
 
 COLUMNS = 128  # columns (threads) per CTA
+FORMS = ("log", "softplus", "sigmoid")
 
 
-def chunk_local_cumsum_kernel(chunk: int, dtype: str) -> T.PrimFunc:
-    """Build the prim_func for static (chunk, input dtype); tokens, columns and sequences are symbolic."""
+def log_gate(x, a, b, form: str):
+    """f(x) of the module docstring, in float32, for a column's (a, b)."""
+    if form == "softplus":  # softplus(y) = max(y, 0) + log(1 + exp(-|y|)): no overflow for large y
+        return -a * (T.max(x + b, 0.0) + T.log(1.0 + exp_e(-T.abs(x + b))))
+    if form == "sigmoid":
+        return 1.0 / (1.0 + exp_e(-a * (x + b)))
+    return x
+
+
+def chunk_local_cumsum_kernel(chunk: int, dtype: str, form: str = "log") -> T.PrimFunc:
+    """Build the prim_func for static (chunk, input dtype, gate form); tokens, columns and sequences are symbolic.
+    params [2, W] holds (a, b) per column for the softplus and sigmoid forms; the log form reads none of it (a
+    [2, 1] placeholder)."""
+    if form not in FORMS:
+        raise ValueError(f"form: expected one of {FORMS}, got {form!r}")
     num_tokens, W, num_bounds = T.dynamic("num_tokens"), T.dynamic("W"), T.dynamic("num_bounds")
+    num_params = T.dynamic("num_params")
 
     @T.prim_func
     def chunk_local_cumsum(
         g: T.Tensor((1, num_tokens, W), dtype),
+        params: T.Tensor((2, num_params), "float32"),
         cu_seqlens: T.Tensor((num_bounds,), "int32"),
         gc: T.Tensor((1, num_tokens, W), "float32"),
         scale: T.float32,
@@ -42,16 +63,21 @@ def chunk_local_cumsum_kernel(chunk: int, dtype: str) -> T.PrimFunc:
             start = bounds[0]
             end = bounds[1]
             col0 = cb * COLUMNS
+            col = col0 + T.get_thread_binding()  # the column this thread scans
             acc = T.alloc_var("float32")
+            a = T.alloc_var("float32")
+            b = T.alloc_var("float32")
             if start < end:
                 for i, j in T.Parallel(TILE, COLUMNS):
                     tile[i, j] = T.if_then_else(start + i < end and col0 + j < W,
-                                                floor_log_gate(T.cast(g[0, start + i, col0 + j], "float32")), 0.0)
+                                                T.cast(g[0, start + i, col0 + j], "float32"), 0.0)
+                a = T.if_then_else(col < num_params, params[0, col], 0.0)
+                b = T.if_then_else(col < num_params, params[1, col], 0.0)
                 acc = 0.0
-                for i in T.unroll(TILE):
+                for i in T.unroll(TILE):  # rows past the sequence end add to acc after every stored row
                     if i % chunk == 0:
                         acc = 0.0
-                    acc += tile[i, T.get_thread_binding()]
+                    acc += floor_log_gate(log_gate(tile[i, T.get_thread_binding()], a, b, form))
                     tile[i, T.get_thread_binding()] = acc * scale
                 for i, j in T.Parallel(TILE, COLUMNS):
                     if start + i < end and col0 + j < W:

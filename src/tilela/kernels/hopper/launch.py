@@ -50,9 +50,10 @@ def compiled(builder, *static, warp_specialized: bool = False):
 
 
 @functools.lru_cache(maxsize=None)
-def placeholder(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """A one-element tensor standing in for an absent optional input (cu_seqlens of a dense batch, no gate)."""
-    return torch.zeros(1, device=device, dtype=dtype)
+def placeholder(device: torch.device, dtype: torch.dtype, shape: tuple[int, ...] = (1,)) -> torch.Tensor:
+    """A small tensor standing in for an absent optional input (cu_seqlens of a dense batch, no gate, the log gate's
+    in-kernel gate parameters)."""
+    return torch.zeros(shape, device=device, dtype=dtype)
 
 
 class Schedule(NamedTuple):
@@ -85,15 +86,20 @@ def flat(x: torch.Tensor) -> torch.Tensor:
 
 
 # ---- stages ------------------------------------------------------------------------------------------------------
-def launch_cumsum(key: tuple, g: torch.Tensor, sched: Schedule, scale: float | None = None) -> torch.Tensor:
+def launch_cumsum(key: tuple, g: torch.Tensor, sched: Schedule, scale: float | None = None,
+                  params: torch.Tensor | None = None) -> torch.Tensor:
     """gc: the chunk-local cumsum of g ([B,T,H] or [B,T,H,K]) in float32, times `scale` if given; key (chunk,
-    g dtype)."""
+    g dtype, gate form). For an in-kernel gate form, g is its input and params its (a, b) per gate column ([2, H] or
+    [2, H, K])."""
     gc = torch.empty(g.shape, device=g.device, dtype=torch.float32)
     if sched.num_slots == 0 or g.numel() == 0:
         return gc
     g1 = flat(g)
-    compiled(chunk_local_cumsum_kernel, *key)(g1.reshape(*g1.shape[:2], -1), sched.cu, gc.view(*g1.shape[:2], -1),
-                                              1.0 if scale is None else float(scale), *sched.grid)
+    params = placeholder(g.device, torch.float32, (2, 1)) if params is None else \
+        params.to(torch.float32).reshape(2, -1).contiguous()
+    compiled(chunk_local_cumsum_kernel, *key)(g1.reshape(*g1.shape[:2], -1), params, sched.cu,
+                                              gc.view(*g1.shape[:2], -1), 1.0 if scale is None else float(scale),
+                                              *sched.grid)
     return gc
 
 
@@ -178,17 +184,20 @@ def _check(plan: Plan, q, v, g, beta, initial_state, sched: Schedule):
                          f"initial_state {'None' if initial_state is None else list(initial_state.shape)}")
 
 
-def forward(plan: Plan, q, k, v, g, beta, initial_state=None, cu_seqlens=None, *, A=None):
+def forward(plan: Plan, q, k, v, g, beta, initial_state=None, cu_seqlens=None, *, A=None, gate_params=None,
+            gate_scale=None):
     """Run a plan: (o [B, T, HV, V] in q's dtype, final state [N, HV, K, V] fp32 or None; o None when the plan keeps
-    the state alone). g: the raw log gate ([B, T, HV] or [B, T, HV, K]), or its chunk-local cumsum for a plan made
-    with g_input="cumsum"; beta [B, T, HV] for the delta rule; initial_state [N, HV, K, V]. A: kkt_solve's output to
-    use instead of that stage (the delta rule; tests isolate the state pass with it)."""
+    the state alone). g: the raw log gate ([B, T, HV] or [B, T, HV, K]), its chunk-local cumsum for a plan made
+    with g_input="cumsum", or the in-kernel gate's input for a plan with a gate form (gate_params its (a, b) per
+    gate column, gate_scale the sigmoid form's lower bound); beta [B, T, HV] for the delta rule; initial_state
+    [N, HV, K, V]. A: kkt_solve's output to use instead of that stage (the delta rule; tests isolate the state pass
+    with it)."""
     sched = Schedule.of(q, cu_seqlens)
     _check(plan, q, v, g, beta, initial_state, sched)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     if g is not None:
         g = g.contiguous() if g.dtype in DTYPE_NAMES else g.float().contiguous()
-        g = launch_cumsum(plan.cumsum, g, sched) if plan.cumsum else g
+        g = launch_cumsum(plan.cumsum, g, sched, gate_scale, gate_params) if plan.cumsum else g
     if plan.delta:
         beta = beta.contiguous() if beta.dtype in (torch.float32, q.dtype) else beta.float().contiguous()
         A = launch_kkt(plan.kkt, k, beta, g, sched) if A is None else A.contiguous()

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 CHUNK = 64  # tokens per chunk of every stage (and per tile of the tile-parallel kernels)
 GATES = ("none", "scalar", "channel")
+GATE_FORMS = ("log", "softplus", "sigmoid")  # tilela._gates.GATE_FORMS (this module imports no torch)
 HALF = ("bfloat16", "float16")
 
 # ---- cost model (data) -------------------------------------------------------------------------------------------
@@ -226,7 +227,8 @@ class PassConfig:
 class Plan:
     """What one call runs, decided by make_plan. Stage keys are None where the stage does not run.
 
-    cumsum       (chunk, g dtype) of chunk_local_cumsum on the gate, or None (no gate, or gla_factors sums it)
+    cumsum       (chunk, g dtype, gate form) of chunk_local_cumsum on the gate, or None (no gate, or gla_factors
+                 sums it); the form is "log" or FLA's in-kernel gate ("softplus", "sigmoid": tilela._gates)
     kkt          (chunk, method, dtype, gate, value heads per pass) of kkt_solve (delta rule)
     factors      (K, dtype, sums the raw gate, delta rule: writes Kg) of gla_factors (per-channel gate on the
                  warp-specialised pass)
@@ -275,7 +277,7 @@ def make_plan(*, lengths, **facts) -> Plan:
 @functools.lru_cache(maxsize=1024)
 def _plan(*, dtype: str, beta_dtype: str | None, gate_dtype: str | None, gate: str, delta: bool, H: int, HV: int,
           K: int, V: int, lengths: tuple[int, ...], tokens: int, varlen: bool, scale: float, initial_state: bool,
-          output_final_state: bool, sms: int, g_input: str = "raw", kernel: str = "auto",
+          output_final_state: bool, sms: int, g_input: str = "raw", gate_form: str = "log", kernel: str = "auto",
           block_DV: int | None = None, split="auto", outputs: bool = True) -> Plan:
     """make_plan's decisions.
 
@@ -284,12 +286,15 @@ def _plan(*, dtype: str, beta_dtype: str | None, gate_dtype: str | None, gate: s
     a gate); lengths: the host sequence lengths; tokens: B * T.
     The options below serve tests and benchmarks; the ops take the defaults:
     g_input: "raw" (the log gate) or "cumsum" (its chunk-local cumsum already: no cumsum stage).
+    gate_form: "log", or FLA's in-kernel gate the cumsum stage forms from g ("softplus", "sigmoid"; tilela._gates).
     kernel: the state pass, "auto" (ws where it covers), "ws" or "loop".
     block_DV: the unsplit ws pass's DV block (one of dv_blocks(K, gate, delta)), default from the cost model.
     split: "auto" (auto_split), None (never) or a SegmentPlan of exactly these lengths.
     outputs=False: the state alone (ws pass without its output group; o is not written)."""
     if g_input not in ("raw", "cumsum"):
         raise ValueError(f"g_input: expected 'raw' or 'cumsum', got {g_input!r}")
+    if gate_form not in GATE_FORMS:
+        raise ValueError(f"gate_form: expected one of {GATE_FORMS}, got {gate_form!r}")
     if kernel not in ("auto", "ws", "loop"):
         raise ValueError(f"kernel: expected 'auto', 'ws' or 'loop', got {kernel!r}")
     ws = ws_covers(dtype, K, V, gate, delta)
@@ -321,7 +326,10 @@ def _plan(*, dtype: str, beta_dtype: str | None, gate_dtype: str | None, gate: s
     # gla_factors sums the raw gate in its tile, but for the delta rule: kkt_solve reads gc from the cumsum stage
     sums = g_input == "raw" and not delta
     factors = (K, dtype, sums, delta) if ws and gate == "channel" else None
-    cumsum = None if gate == "none" or g_input == "cumsum" or (factors and sums) else (CHUNK, gate_dtype)
+    cumsum = None if gate == "none" or g_input == "cumsum" or (factors and sums) else (CHUNK, gate_dtype, gate_form)
+    if gate_form != "log" and cumsum is None:
+        raise ValueError(f"gate_form: {gate_form!r} is formed in the cumsum stage, which this plan has not (gate "
+                         f"{gate!r}, g_input {g_input!r}, delta rule {delta})")
     kkt = kkt_key(CHUNK, "blocked", dtype, gate, HV // H) if delta else None
     rule = update_rule(gate, delta)
 
