@@ -10,8 +10,10 @@ Configuration i of a family comes from its own generator (seed, family, i), so a
 multiple-of-64 sequences), q/k heads and the GVA ratio, K and V (mostly the Hopper sizes 64 / 128, some 256 or
 K != V, which the PyTorch path serves), bf16 or fp16, per value head a gate regime (never decaying g = 0, mild,
 ordinary, strong; with scalar gates, unless --no-extreme, a few tokens whose exp underflows: -inf, -1e30, -1e4),
-beta, an initial state or none, the default or a random scale, and in-kernel q/k l2norm. Per-channel gates stay
-within the Hopper kernels' contract (no key channel decays by more than e^-80 within 16 tokens).
+beta, an initial state or none, the default or a random scale, and in-kernel q/k l2norm; for GDN and KDA, three
+in ten take FLA's in-kernel gate instead (a raw input with A_log and dt_bias; KDA's bounded sigmoid form), the
+reference reading the float64 gate formed from it. Per-channel gates stay within the Hopper kernels' contract (no
+key channel decays by more than e^-80 within 16 tokens).
 
 Every configuration checks, on --device:
   - o and the final state against the float64 reference: rel L2 < --tol (failure kind "error", or "non_finite");
@@ -48,6 +50,8 @@ import torch.nn.functional as F
 
 import tilela
 from tilela import reference
+from tilela._gates import apply_gate
+from tilela.ops import in_kernel_gate
 from tilela.bench import rel_l2
 
 FAMILIES = {  # family: (public op, gate kind, delta rule)
@@ -141,6 +145,8 @@ def make_config(family: str, index: int, seed: int, split: bool, extreme: bool) 
         cfg["regimes"] = [rng.choice(regimes) for _ in range(HV)]
         cfg["extreme"] = ([(rng.random(), rng.choice(EXTREME)) for _ in range(rng.randint(1, 3))]
                           if gate == "scalar" and extreme and rng.random() < 0.25 else [])
+    # FLA's in-kernel gate (GDN's softplus form, KDA's bounded sigmoid form) on a raw input, instead of the regimes
+    cfg["in_kernel_gate"] = delta and gate != "none" and rng.random() < 0.3
     return cfg
 
 
@@ -175,6 +181,13 @@ def make_inputs(cfg: dict) -> dict:
         for where, value in cfg.get("extreme", []):
             g.view(B * T, HV)[int(where * B * T)] = value
         x["g"] = g
+    if cfg.get("in_kernel_gate"):  # the op reads the raw input; the reference the float64 gate formed from it
+        raw = (torch.randn(*x["g"].shape, generator=gen) * 3).to(dtype)
+        A_log = torch.empty(HV).uniform_(1, 16, generator=gen).log()
+        dt_bias = torch.randn(x["g"][0, 0].numel(), generator=gen) - 3  # [HV] or [HV * K]
+        lower = -5.0 if gate == "channel" else None
+        x["gate_input"] = dict(g=raw, A_log=A_log, dt_bias=dt_bias, lower_bound=lower)
+        x["g"] = apply_gate(raw.double(), *in_kernel_gate(raw.double(), A_log.double(), dt_bias.double(), lower))
     return x
 
 
@@ -189,7 +202,10 @@ def reference_outputs(cfg: dict, x: dict):
 
 def call(cfg: dict, x: dict, device: str):
     op, gate, delta = FAMILIES[cfg["family"]]
-    dev = {n: None if t is None else t.to(device) for n, t in x.items()}
+    dev = {n: None if t is None else t.to(device) for n, t in x.items() if n != "gate_input"}
+    if "gate_input" in x:
+        gate_input = x["gate_input"]
+        dev["g"] = gate_input["g"].to(device)
     args = [dev["q"], dev["k"], dev["v"]] + ([dev["g"]] if gate != "none" else []) + ([dev["beta"]] if delta else [])
     kw = dict(cu_seqlens=dev["cu_seqlens"], cu_seqlens_cpu=x["cu_seqlens"]) if cfg["varlen"] else {}
     if delta:
@@ -198,6 +214,11 @@ def call(cfg: dict, x: dict, device: str):
         kw["safe_gate"] = True
     if op == "chunk_linear_attn":  # the recurrence the reference computes: no FLA normaliser
         kw["normalize"] = False
+    if "gate_input" in x:
+        kw.update(use_gate_in_kernel=True, A_log=gate_input["A_log"].to(device),
+                  dt_bias=gate_input["dt_bias"].to(device))
+        if gate_input["lower_bound"] is not None:
+            kw["lower_bound"] = gate_input["lower_bound"]
     return getattr(tilela, op)(*args, scale=cfg["scale"], initial_state=dev["initial_state"],
                                output_final_state=True, **kw)
 
@@ -238,7 +259,9 @@ def nan_probe(cfg: dict, x: dict, device: str, clean) -> str | None:
 def describe(cfg: dict) -> str:
     layout = f"varlen {tuple(cfg['lengths'])}" if cfg["varlen"] else f"dense B{cfg['B']} T{cfg['T']}"
     parts = [cfg["dtype"], f"K{cfg['K']} V{cfg['V']}", f"H{cfg['H']} G{cfg['G']}", layout]
-    if cfg.get("regimes"):
+    if cfg.get("in_kernel_gate"):
+        parts.append("in-kernel gate")
+    elif cfg.get("regimes"):
         parts.append("gates " + ",".join(sorted(set(cfg["regimes"]))))
     if cfg.get("extreme"):
         parts.append("extreme " + ",".join(str(v) for _, v in cfg["extreme"]))

@@ -5,7 +5,8 @@
 Inputs: sequences of (1, 63, 64, 65, 130, 1, 7) tokens (one-token and non-multiple-of-64 ones, a 64-token boundary
 and a sequence of three chunks), 2 q/k heads and 4 value heads (GVA 2; 2 value heads where a kernel has a separate
 GVA-1 variant), an initial state, the final state stored. Families:
-  cumsum  chunk_local_cumsum at every chunk size and gate dtype (public op);
+  cumsum  chunk_local_cumsum at every chunk size and gate dtype (public op), and the cumsum stage's in-kernel gate
+          forms (through the launcher);
   kkt     kkt_solve at every chunk size, inverse, dtype, gate kind and value-head pairing (public op; the
           per-channel gate through the launcher);
   ws      the warp-specialised state/output pass at every DV block of every configuration it covers (levels 1-4 and
@@ -32,6 +33,7 @@ import torch.nn.functional as F
 
 import tilela
 from tilela import reference
+from tilela._gates import apply_gate
 from tilela.bench import rel_l2
 
 LENGTHS = (1, 63, 64, 65, 130, 1, 7)
@@ -64,6 +66,9 @@ def entry_points():
                                     split=segments)
         return hopper.forward(the_plan, q, k, v, g, beta, h0, cu, A=A)
 
+    def cumsum_in_kernel_gate(key, raw, params, lower_bound, cu):
+        return launch.launch_cumsum(key, raw, launch.Schedule.of(raw, cu), lower_bound, params)
+
     def kkt_solve(k, beta, gc, chunk, cu, method="blocked"):
         gate = "none" if gc is None else ("scalar" if gc.dim() == 3 else "channel")
         key = plan.kkt_key(chunk, method, hopper.DTYPE_NAMES[k.dtype], gate, beta.shape[2] // k.shape[2])
@@ -75,7 +80,8 @@ def entry_points():
         ws_covers=lambda K, gate, delta, dtype: plan.ws_covers(hopper.DTYPE_NAMES[dtype], K, K, gate, delta),
         segment_plan=plan.SegmentPlan.of,
         kkt_solve=kkt_solve,
-        cumsum_configs=hopper.CUMSUM_CONFIGS,  # (chunk, g dtype name)
+        cumsum_in_kernel_gate=cumsum_in_kernel_gate,
+        cumsum_configs=hopper.CUMSUM_CONFIGS,  # (chunk, g dtype name, gate form)
         kkt_configs=hopper.KKT_CONFIGS,  # (chunk, method, dtype name, gate, value heads per pass)
     )
 
@@ -133,13 +139,20 @@ def state_pass_job(ep, level: str, K: int, dtype: torch.dtype, h0: bool = True, 
 def jobs(ep, dtypes: list[str]) -> list[tuple[str, str, object]]:
     """(family, name, call returning its relative errors) for every kernel configuration the driver runs."""
     out = []
-    for C, g_dtype in ep.cumsum_configs:
-        def cumsum(C=C, g_dtype=g_dtype):
+    for C, g_dtype, form in ep.cumsum_configs:
+        def cumsum(C=C, g_dtype=g_dtype, form=form):
             x = make_inputs(64, torch.bfloat16)
-            g = x["g_scalar"].to(getattr(torch, g_dtype))
-            gc = tilela.chunk_local_cumsum(g.cuda(), C, x["cu"].cuda(), cu_seqlens_cpu=x["cu"])
-            return (rel_l2(gc, reference.chunk_local_cumsum(g, C, x["cu"])),)
-        out.append(("cumsum", f"cumsum C{C} {g_dtype}", cumsum))
+            if form == "log":  # the public op
+                g = x["g_scalar"].to(getattr(torch, g_dtype))
+                gc = tilela.chunk_local_cumsum(g.cuda(), C, x["cu"].cuda(), cu_seqlens_cpu=x["cu"])
+                return (rel_l2(gc, reference.chunk_local_cumsum(g, C, x["cu"])),)
+            raw = x["g_channel"].to(getattr(torch, g_dtype)) * 8  # FLA's in-kernel gate input, [B, T, HV, K]
+            params = torch.stack((torch.full(raw.shape[2:], 4.0), torch.full(raw.shape[2:], -3.0)))
+            lower = -5.0 if form == "sigmoid" else None
+            gc = ep.cumsum_in_kernel_gate((C, g_dtype, form), raw.cuda(), params.cuda(), lower, x["cu"].cuda())
+            return (rel_l2(gc, reference.chunk_local_cumsum(apply_gate(raw.double(), form, params.double(), lower),
+                                                            C, x["cu"])),)
+        out.append(("cumsum", f"cumsum C{C} {g_dtype} {form}", cumsum))
     for C, method, dtype_name, gate, pair in ep.kkt_configs:
         if {"bfloat16": "bf16", "float16": "fp16"}[dtype_name] not in dtypes:
             continue
@@ -182,23 +195,39 @@ def jobs(ep, dtypes: list[str]) -> list[tuple[str, str, object]]:
                         out.append(("split", f"split {level} K{K} {name} segments of {segment_chunks} h0={h0}",
                                     state_pass_job(ep, level, K, dtype, h0=h0, segments=plan)))
             out.append(("public", f"public {level} K128 {name}", public_job(level, dtype)))
+            if level in ("gdn", "kda"):
+                out.append(("public", f"public {level} K128 {name} in-kernel gate", public_job(level, dtype, True)))
     return out
 
 
-def public_job(level: str, dtype: torch.dtype):
+def public_job(level: str, dtype: torch.dtype, in_kernel_gate: bool = False):
+    """The level's public op end to end; in_kernel_gate: GDN's and KDA's use_gate_in_kernel (KDA's bounded form)
+    on a raw gate input, the reference's gate from it in float64."""
     op = {"linear_attn": "chunk_linear_attn", "simple_gla": "chunk_simple_gla", "gla": "chunk_gla",
           "delta_rule": "chunk_delta_rule", "gdn": "chunk_gated_delta_rule", "kda": "chunk_kda"}[level]
     gate, delta = LEVELS[level]
 
     def run():
         x = make_inputs(128, dtype)
+        g = gate_of(x, gate)
+        options = {"safe_gate": True} if op == "chunk_kda" else {}
+        if in_kernel_gate:
+            g = g * 8  # the gate's input, beyond [-5, 0)
+            HV = g.shape[2]
+            A_log, dt_bias = torch.full((HV,), 1.0), torch.full((g[0, 0].numel(),), -2.0)  # [HV], [HV (* K)]
+            lower = -5.0 if op == "chunk_kda" else None
+            options = dict(use_gate_in_kernel=True, A_log=A_log.cuda(), dt_bias=dt_bias.cuda(),
+                           **({"lower_bound": lower} if lower else {}))
+            form, params, _ = tilela.ops.in_kernel_gate(g.double(), A_log.double(), dt_bias.double(), lower)
+            g_ref = apply_gate(g.double(), form, params, lower)
         d = cuda(x)
-        args = [d["q"], d["k"], d["v"]] + ([gate_of(d, gate)] if gate != "none" else [])
+        args = [d["q"], d["k"], d["v"]] + ([g.cuda()] if gate != "none" else [])
         args += [d["beta"]] if delta else []
         o, S = getattr(tilela, op)(*args, initial_state=d["h0"], output_final_state=True, cu_seqlens=d["cu"],
-                                   cu_seqlens_cpu=x["cu"], **({"safe_gate": True} if op == "chunk_kda" else {}))
-        ref_o, ref_S = reference.chunked(x["q"], x["k"], x["v"], g=gate_of(x, gate), beta=x["beta"] if delta else None,
-                                         initial_state=x["h0"], cu_seqlens=x["cu"])
+                                   cu_seqlens_cpu=x["cu"], **options)
+        ref_o, ref_S = reference.chunked(x["q"], x["k"], x["v"], g=g_ref if in_kernel_gate else g,
+                                         beta=x["beta"] if delta else None, initial_state=x["h0"],
+                                         cu_seqlens=x["cu"])
         return rel_l2(o, ref_o), rel_l2(S, ref_S)
 
     return run
