@@ -44,6 +44,7 @@ def chunk_local_cumsum_kernel(chunk: int, dtype: str, form: str = "log") -> T.Pr
         raise ValueError(f"form: expected one of {FORMS}, got {form!r}")
     num_tokens, W, num_bounds = T.dynamic("num_tokens"), T.dynamic("W"), T.dynamic("num_bounds")
     num_params = T.dynamic("num_params")
+    landed = floor_log_gate if form == "log" else (lambda x: x)  # the other forms are floored after f, in the scan
 
     @T.prim_func
     def chunk_local_cumsum(
@@ -65,20 +66,27 @@ def chunk_local_cumsum_kernel(chunk: int, dtype: str, form: str = "log") -> T.Pr
             col0 = cb * COLUMNS
             col = col0 + T.get_thread_binding()  # the column this thread scans
             acc = T.alloc_var("float32")
-            a = T.alloc_var("float32")
-            b = T.alloc_var("float32")
             if start < end:
                 for i, j in T.Parallel(TILE, COLUMNS):
                     tile[i, j] = T.if_then_else(start + i < end and col0 + j < W,
-                                                T.cast(g[0, start + i, col0 + j], "float32"), 0.0)
-                a = T.if_then_else(col < num_params, params[0, col], 0.0)
-                b = T.if_then_else(col < num_params, params[1, col], 0.0)
+                                                landed(T.cast(g[0, start + i, col0 + j], "float32")), 0.0)
                 acc = 0.0
-                for i in T.unroll(TILE):  # rows past the sequence end add to acc after every stored row
-                    if i % chunk == 0:
-                        acc = 0.0
-                    acc += floor_log_gate(log_gate(tile[i, T.get_thread_binding()], a, b, form))
-                    tile[i, T.get_thread_binding()] = acc * scale
+                if form == "log":
+                    for i in T.unroll(TILE):
+                        if i % chunk == 0:
+                            acc = 0.0
+                        acc += tile[i, T.get_thread_binding()]
+                        tile[i, T.get_thread_binding()] = acc * scale
+                else:
+                    a = T.alloc_var("float32")
+                    b = T.alloc_var("float32")
+                    a = T.if_then_else(col < num_params, params[0, col], 0.0)
+                    b = T.if_then_else(col < num_params, params[1, col], 0.0)
+                    for i in T.unroll(TILE):  # rows past the sequence end add to acc after every stored row
+                        if i % chunk == 0:
+                            acc = 0.0
+                        acc += floor_log_gate(log_gate(tile[i, T.get_thread_binding()], a, b, form))
+                        tile[i, T.get_thread_binding()] = acc * scale
                 for i, j in T.Parallel(TILE, COLUMNS):
                     if start + i < end and col0 + j < W:
                         gc[0, start + i, col0 + j] = tile[i, j]
