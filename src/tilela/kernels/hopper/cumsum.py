@@ -13,10 +13,11 @@ a NaN gate stays NaN.
 Mirrors reference.cumsum.chunk_local_cumsum of tilela._gates.apply_gate's log gate. The gate is viewed as [1, T, W]
 with W = H (scalar gate) or H * K (per-channel gate). A CTA owns a 64-token x 128-column tile: the tile comes in as
 one coalesced parallel load into shared memory (every load in flight at once: a thread walking global memory row by
-row would wait out 64 dependent latencies), each thread then scans its column in shared memory in order, its
-(a, b) in registers, applying f and the floor and restarting the float32 sum at each chunk start, and the tile
-leaves by one coalesced parallel store. Tiles come from common.locate_tile (varlen without host synchronisation); chunks of C <= 64 align
-with tiles because both count from the sequence start.
+row would wait out 64 dependent latencies), the log form floored as it lands; each thread then scans its column in
+shared memory in order (the other forms apply f, with the column's (a, b) in registers, and the floor there),
+restarting the float32 sum at each chunk start, and the tile leaves by one coalesced parallel store. Tiles come
+from common.locate_tile (varlen without host synchronisation); chunks of C <= 64 align with tiles because both count
+from the sequence start.
 """
 
 import tilelang.language as T
