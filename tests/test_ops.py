@@ -219,6 +219,9 @@ def test_eager_inference_skips_the_custom_op_and_autograd_takes_it(monkeypatch):
         tilela.chunk_delta_rule(q, k, v.requires_grad_(), beta)
     with pytest.raises(_Reached):
         tilela.chunk_delta_rule(q, k, v, beta)
+    raw, A_log = torch.randn(1, 20, 2, generator=gen), torch.zeros(2, requires_grad=True)
+    with pytest.raises(_Reached):  # only the in-kernel gate's parameters need gradients
+        tilela.chunk_gated_delta_rule(q, k, v.detach(), raw, beta, use_gate_in_kernel=True, A_log=A_log)
 
 
 def test_kda_bounded_gate_reaches_the_kernels_through_context_parallelism(fake_hopper, tmp_path):

@@ -107,7 +107,8 @@ def _attention(q, k, v, g, g_kind, beta, needs_beta, scale, initial_state, outpu
     check_finite = V.check_flag("check_finite", check_finite)
     if not torch.compiler.is_compiling():
         dims, scale = _check(q, k, v, g, g_kind, beta, needs_beta, scale, initial_state, cu_seqlens, cu_seqlens_cpu)
-        tensors = [t for t in (q, k, v, g, beta, initial_state, cu_seqlens) if t is not None]
+        params = None if gate_in is None else gate_in.params  # A_log and dt_bias may carry gradients alone
+        tensors = [t for t in (q, k, v, g, beta, initial_state, cu_seqlens, params) if t is not None]
         plain = all(type(t) is torch.Tensor for t in tensors) and V.has_values(q)
         grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
         if plain and not grad and not torch._C._are_functorch_transforms_active() and not torch.jit.is_tracing():
