@@ -50,8 +50,6 @@ import torch.nn.functional as F
 
 import tilela
 from tilela import reference
-from tilela._gates import apply_gate
-from tilela.ops import in_kernel_gate
 from tilela.bench import rel_l2
 
 FAMILIES = {  # family: (public op, gate kind, delta rule)
@@ -187,7 +185,9 @@ def make_inputs(cfg: dict) -> dict:
         dt_bias = torch.randn(x["g"][0, 0].numel(), generator=gen) - 3  # [HV] or [HV * K]
         lower = -5.0 if gate == "channel" else None
         x["gate_input"] = dict(g=raw, A_log=A_log, dt_bias=dt_bias, lower_bound=lower)
-        x["g"] = apply_gate(raw.double(), *in_kernel_gate(raw.double(), A_log.double(), dt_bias.double(), lower))
+        a, x_b = A_log.double().exp().view(HV, *(1,) * (len(shape) - 3)), raw.double() + dt_bias.double().view(
+            shape[2:])  # FLA's formulas in float64, apart from ours (tilela._gates)
+        x["g"] = -a * F.softplus(x_b) if lower is None else lower * torch.sigmoid(a * x_b)
     return x
 
 

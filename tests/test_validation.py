@@ -218,3 +218,31 @@ def test_fake_tensors_trace_without_reading_values(varlen):
         if varlen:
             with pytest.raises(ValueError, match="cu_seqlens: a meta or fake tensor has no values"):
                 tilela.chunk_kda(q, q, v, g, beta, cu_seqlens=kw["cu_seqlens"])
+
+
+@pytest.mark.parametrize("form,params,lower,match", [
+    ("tanh", None, None, "gate_form: expected one of"),
+    ("log", torch.zeros(2, HV), None, "gate_params, lower_bound: only with an in-kernel gate form"),
+    ("softplus", torch.zeros(2, K), None, r"gate_params: expected shape \[2, 4\]"),
+    ("softplus", torch.zeros(2, HV, dtype=torch.int32), None, "gate_params: expected"),
+    ("sigmoid", torch.zeros(2, HV), None, "lower_bound: the sigmoid form takes one"),
+    ("softplus", torch.zeros(2, HV), -5.0, "lower_bound: the sigmoid form takes one"),
+    ("sigmoid", torch.zeros(2, HV), float("nan"), "lower_bound: expected a finite float"),
+])
+def test_the_custom_op_checks_its_in_kernel_gate_arguments(form, params, lower, match):
+    """torch.ops.tilela.chunk_attention, called directly, takes no gate arguments the public ops would not build."""
+    x = good()
+    with pytest.raises((ValueError, TypeError), match=match):
+        torch.ops.tilela.chunk_attention(x["q"], x["k"], x["v"], x["g"], x["beta"], None, None, None, "scalar", True,
+                                         None, False, False, False, form, params, lower)
+
+
+def test_check_finite_reads_the_in_kernel_gate_as_formed():
+    """A raw gate input of +inf is a reset (g = -inf) and passes; a NaN in A_log makes that head's gate NaN."""
+    raw = torch.randn(B, T, HV)
+    raw[0, 3, 1] = float("inf")
+    gdn(g=raw, use_gate_in_kernel=True, A_log=torch.zeros(HV), check_finite=True)
+    with pytest.raises(ValueError, match=r"g: expected finite values .* head 2\]"):
+        gdn(g=raw, use_gate_in_kernel=True, A_log=torch.tensor([0.0, 0.0, float("nan"), 0.0]), check_finite=True)
+    with pytest.raises(ValueError, match="A_log: expected g's device cpu, got meta"):
+        gdn(g=raw, use_gate_in_kernel=True, A_log=torch.zeros(HV, device="meta"))

@@ -58,4 +58,6 @@ def apply_gate(x: torch.Tensor, form: str, params: torch.Tensor | None, lower_bo
     a, b = params
     if form == "softplus":
         return -a * F.softplus(x + b)
-    return lower_bound * torch.sigmoid(torch.addcmul(a * b, x, a))  # a x + a b: one pass over x in its own dtype
+    if form == "sigmoid":
+        return lower_bound * torch.sigmoid(torch.addcmul(a * b, x, a))  # a x + a b: one pass over x in its dtype
+    raise ValueError(f"form: expected one of {GATE_FORMS}, got {form!r}")

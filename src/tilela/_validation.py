@@ -312,3 +312,32 @@ def check_finite(enabled, named: dict[str, torch.Tensor | None], seq_bounds: tup
             where += f" (sequence {n}, its token {token - seq_bounds[n][0]})"
         value = t.flatten()[flat].item()
         raise ValueError(f"{name}: expected finite values (check_finite=True), got {value} at {where}")
+
+
+def check_gate_input(form, params, lower_bound, g) -> None:
+    """tilela::chunk_attention's in-kernel gate arguments (tilela._gates): the form; for "log" neither params nor a
+    lower bound; else params [2, *g's gate columns] of a float dtype on g's device, and a finite lower bound exactly
+    for the sigmoid form."""
+    from ._gates import GATE_FORMS
+
+    if form not in GATE_FORMS:
+        raise ValueError(f"gate_form: expected one of {GATE_FORMS}, got {form!r}")
+    if form == "log":
+        if params is not None or lower_bound is not None:
+            raise ValueError(f"gate_params, lower_bound: only with an in-kernel gate form, got gate_form 'log' with "
+                             f"gate_params {'None' if params is None else _shape(params)} and lower_bound "
+                             f"{lower_bound!r}")
+        return
+    _expect_tensor("gate_params", params)
+    _expect_dtype("gate_params", params, FLOAT_DTYPES)
+    want = [2, *g.shape[2:]]
+    if list(params.shape) != want:
+        raise ValueError(f"gate_params: expected shape {want} ((exp(A_log), dt_bias) per gate column of g "
+                         f"{_shape(g)}), got {_shape(params)}")
+    if params.device != g.device:
+        raise ValueError(f"gate_params: expected g's device {g.device}, got {params.device}")
+    if (form == "sigmoid") != (lower_bound is not None):
+        raise ValueError(f"lower_bound: the sigmoid form takes one and the softplus form none, got {lower_bound!r} "
+                         f"with gate_form {form!r}")
+    if lower_bound is not None and not math.isfinite(lower_bound):
+        raise ValueError(f"lower_bound: expected a finite float, got {lower_bound!r}")

@@ -80,8 +80,11 @@ class InKernelGate(NamedTuple):
 def _run(dims, scale, q, k, v, g, g_kind, beta, needs_beta, initial_state, output_final_state, cu_seqlens,
          check_finite, bounded_gate, gate_in):
     """One validated call (dims and scale from _check) on the Hopper kernels (the in-kernel gate in their cumsum
-    stage) or the PyTorch path (the gate formed first)."""
-    V.check_finite(check_finite, dict(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state), dims.seq_bounds)
+    stage) or the PyTorch path (the gate formed first). check_finite reads the in-kernel gate as formed: its raw
+    input may be ±inf (g = -inf, a reset, or 0), and non-finite A_log or dt_bias show up in it."""
+    g_checked = g if gate_in is None or not check_finite else apply_gate(g, *gate_in)
+    V.check_finite(check_finite, dict(q=q, k=k, v=v, g=g_checked, beta=beta, initial_state=initial_state),
+                   dims.seq_bounds)
     scale = dims.K ** -0.5 if scale is None else scale
     hopper = _hopper(q, k, v, g, beta, initial_state, cu_seqlens)
     if hopper is not None and hopper.plan.covers(hopper.DTYPE_NAMES.get(q.dtype), dims.K, dims.V, g_kind, needs_beta,
@@ -234,6 +237,9 @@ def in_kernel_gate(g: torch.Tensor, A_log, dt_bias, lower_bound: float | None) -
     [HV * K] (optional); params in float32 (float64 stays)."""
     columns = tuple(g.shape[2:])
     meaning = "[HV]" if len(columns) == 1 else "[HV * K]"
+    for name, x in (("A_log", A_log), ("dt_bias", dt_bias)):
+        if isinstance(x, torch.Tensor) and x.device != g.device:
+            raise ValueError(f"{name}: expected g's device {g.device}, got {x.device}")
     a = None if A_log is None else _heads_param("A_log", A_log, columns[:1] + (1,) * (len(columns) - 1), "[HV]").exp()
     b = None if dt_bias is None else _heads_param("dt_bias", dt_bias, columns, meaning)
     like = a if a is not None else b
