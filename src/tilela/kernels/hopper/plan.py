@@ -46,6 +46,7 @@ HALF = ("bfloat16", "float16")
 #   delta                gdn's, and K / 8 from "the plain update's lean split, two output groups, K / 8 for delta_rule"
 #   plain / vd           "Chunk periods of the plain update" and, under "the plain update straight from V, deeper
 #                        input slots", its "Sweeps"
+#   kda                  "KDA on the warp-specialised pass: measured" (the pass's profiled time per chunk)
 _GDN_US = {(4, True): 1.86, (2, True): 2.3, (1, True): 4.1, (2, False): 2.2, (1, False): 4.2}
 CHUNK_US = {
     **{("gdn", *key): us for key, us in _GDN_US.items()},
@@ -55,9 +56,7 @@ CHUNK_US = {
     ("plain", 2, False): 0.55, ("plain", 1, False): 1.1,
     ("vd", 4, True): 1.15, ("vd", 2, True): 2.0, ("vd", 1, True): 3.5,
     ("vd", 2, False): 1.0, ("vd", 1, False): 1.73,
-    # kda: "KDA on the warp-specialised pass" (profiled chunk_fwd_ws_kernel, kda-20261201T191624Z): 282.1 us over
-    # 128 chunks in one wave at K / 2 (1x8192 h64), 1464.1 us over 1024 chunks at K / 4 (1x65536 h4/16); no K / 1
-    ("kda", 2, True): 2.2, ("kda", 4, True): 1.43,
+    ("kda", 2, True): 2.2, ("kda", 4, True): 1.43,  # no K / 1 (dv_blocks)
 }
 # The split's own cost by update rule (delta rule or not): a fixed cost (the table's copy, the combine launch, the gaps
 # between launches) and a cost per combine step (one batched product per segment index with the delta rule, a
