@@ -244,3 +244,18 @@ def test_kda_bounded_gate_reaches_the_kernels_through_context_parallelism(fake_h
             tilela.chunk_kda(q, k, v, g, beta, cp_context=ctx, safe_gate=True)
     finally:
         dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64])
+def test_l2norm_is_the_same_with_and_without_autograd(dtype):
+    """use_qk_l2norm_in_kernel's two routes (a float32 copy under autograd; a reduction and one product into x's
+    dtype otherwise) agree to a few roundings of x's dtype and with the float64 normalisation, zero rows included."""
+    x = torch.randn(2, 70, 3, 64, generator=torch.Generator().manual_seed(0)).to(dtype)
+    x[0, 5] = 0
+    fast = ops._l2norm(x)
+    slow = ops._l2norm(x.clone().requires_grad_())
+    assert fast.dtype == slow.dtype == dtype
+    ulp = torch.finfo(dtype).eps
+    torch.testing.assert_close(fast, slow.detach(), rtol=4 * ulp, atol=0)
+    ref = x.double() * torch.rsqrt(x.double().pow(2).sum(-1, keepdim=True) + 1e-6)
+    torch.testing.assert_close(fast.double(), ref, rtol=max(ulp, 1e-6), atol=0)
