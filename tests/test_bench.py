@@ -25,7 +25,9 @@ def test_gdn_grid_is_the_issue_grid():
     from tilela.bench import gdn
 
     names = {c.name for c in gdn.cases(False)}
-    assert len(names) == 6 * 6 * 2 + 12 * 2  # head configs x layouts x gate regimes, and the 12 layouts beyond it
+    # head configs x layouts x gate regimes, the 12 layouts beyond it, and the 4 model calls (q/k l2norm in the op)
+    assert len(names) == 6 * 6 * 2 + 12 * 2 + 4
+    assert {"8192x4_h16-64_mixed_l2norm", "1x512_h2-8_mixed_l2norm"} <= names
     assert "28672+4096_h16-64_decay" in names and "1024x8_h2-8_mixed" in names
     assert {"1x131072_h4-16_decay", "skew16384+63x128_h16-32_mixed", "serving40_h4-16_mixed",
             "1x512_h2-8_decay"} <= names

@@ -14,7 +14,8 @@ Implementations (all given cu_seqlens and, where they take it, its host copy):
 Grid: head configs (h_qk/h_v) 2/8, 4/16, 8/24, 16/32, 16/64, 32/32 x layouts 1x32768, 1x8192, 1x2048,
 28672+4096, 8192x4, 1024x8 (the last three varlen) x both gate regimes; K = V = 128. Beyond it (EXTRA): 1x65536 and
 1x131072 at h2/8, h4/16, h16/32; one 16384-token sequence among 63 of 128 tokens; a serving-like batch of 40
-sequences of 50-2000 tokens; a tiny 1x512 call.
+sequences of 50-2000 tokens; a tiny 1x512 call. The model-call cases ("_l2norm", MODEL_CALL) give q and k as a
+Qwen3-Next layer does, unnormalised, with use_qk_l2norm_in_kernel=True for every implementation.
 Floor: q, k, v, g, beta read once, o written once, the state read and written once; FLOPs of the chunk
 form (K K^T per q/k head; per value head K S, A R, Q S, Q K^T, P Vnew and K^T Vnew per chunk).
 """
@@ -57,16 +58,23 @@ EXTRA = [
 ]
 
 
-def _case(heads, layout, gate, lengths):
+# the op as a model layer calls it: q and k normalised inside the op (use_qk_l2norm_in_kernel)
+MODEL_CALL = [((16, 64), "8192x4", LAYOUTS["8192x4"]), ((16, 32), "1x8192", LAYOUTS["1x8192"]),
+              ((16, 32), "serving40", _serving_mix()), ((2, 8), "1x512", (512,))]
+
+
+def _case(heads, layout, gate, lengths, l2norm=False):
     h_qk, h_v = heads
-    return Case(f"{layout}_h{h_qk}-{h_v}_{gate}",
-                dict(lengths=lengths, varlen=len(lengths) > 1, H=h_qk, HV=h_v, K=DIM, V=DIM, gate=gate))
+    return Case(f"{layout}_h{h_qk}-{h_v}_{gate}{'_l2norm' if l2norm else ''}",
+                dict(lengths=lengths, varlen=len(lengths) > 1, H=h_qk, HV=h_v, K=DIM, V=DIM, gate=gate,
+                     l2norm=l2norm))
 
 
 def cases(quick):
     pairs = QUICK if quick else [(h, lay) for lay in LAYOUTS for h in HEADS]
     layouts = [(h, lay, LAYOUTS[lay]) for h, lay in pairs] + ([] if quick else EXTRA)
-    return [_case(h, lay, gate, lengths) for h, lay, lengths in layouts for gate in ("mixed", "decay")]
+    return [_case(h, lay, gate, lengths) for h, lay, lengths in layouts for gate in ("mixed", "decay")] + (
+        [] if quick else [_case(h, lay, "mixed", lengths, l2norm=True) for h, lay, lengths in MODEL_CALL])
 
 
 def make_inputs(case, seed):
@@ -74,8 +82,9 @@ def make_inputs(case, seed):
     gen = torch.Generator(device="cuda").manual_seed(seed)
     T, H, HV, K, V = sum(p["lengths"]), p["H"], p["HV"], p["K"], p["V"]
     randn = lambda *shape: torch.randn(*shape, device="cuda", generator=gen)  # noqa: E731
-    q = F.normalize(randn(1, T, H, K), dim=-1).to(torch.bfloat16)
-    k = F.normalize(randn(1, T, H, K), dim=-1).to(torch.bfloat16)
+    unit = (lambda x: x) if p["l2norm"] else (lambda x: F.normalize(x, dim=-1))  # noqa: E731
+    q = unit(randn(1, T, H, K)).to(torch.bfloat16)
+    k = unit(randn(1, T, H, K)).to(torch.bfloat16)
     v = randn(1, T, HV, V).to(torch.bfloat16)
     if p["gate"] == "mixed":
         g = F.logsigmoid(randn(1, T, HV)) / 16
@@ -107,11 +116,15 @@ def _ours(case, x):
 
     o, _ = tilela.chunk_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["initial_state"],
                                          output_final_state=True, cu_seqlens=x.get("cu_seqlens"),
-                                         cu_seqlens_cpu=x.get("cu_seqlens_cpu"))
+                                         cu_seqlens_cpu=x.get("cu_seqlens_cpu"),
+                                         use_qk_l2norm_in_kernel=case.params["l2norm"])
     return o
 
 
 def _ours_unsplit(case, x):
+    """None on the model-call cases: the pipeline below the op takes normalised q and k."""
+    if case.params["l2norm"]:
+        return None
     return ours_unsplit(x, case.params["lengths"], case.params["K"], "scalar")
 
 
@@ -121,7 +134,8 @@ def _fla(case, x):
         return None
     o, _ = fla.chunk_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["initial_state"],
                                       output_final_state=True, cu_seqlens=x.get("cu_seqlens_long"),
-                                      cu_seqlens_cpu=x.get("cu_seqlens_cpu_long"))
+                                      cu_seqlens_cpu=x.get("cu_seqlens_cpu_long"),
+                                      use_qk_l2norm_in_kernel=case.params["l2norm"])
     return o
 
 
@@ -130,12 +144,16 @@ def _flash_qla(case, x):
     if qla is None:
         return None
     o, _ = qla.chunk_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["initial_state"],
-                                      output_final_state=True, cu_seqlens=x.get("cu_seqlens_long"))
+                                      output_final_state=True, cu_seqlens=x.get("cu_seqlens_long"),
+                                      use_qk_l2norm_in_kernel=case.params["l2norm"])
     return o
 
 
 def _reference(case, x):
-    o, _ = reference.chunked(x["q"], x["k"], x["v"], g=x["g"], beta=x["beta"], initial_state=x["initial_state"],
+    q, k = x["q"], x["k"]
+    if case.params["l2norm"]:  # FLA's l2norm, x / sqrt(sum x^2 + 1e-6), in float64
+        q, k = (t.double() * torch.rsqrt(t.double().pow(2).sum(-1, keepdim=True) + 1e-6) for t in (q, k))
+    o, _ = reference.chunked(q, k, x["v"], g=x["g"], beta=x["beta"], initial_state=x["initial_state"],
                              cu_seqlens=x.get("cu_seqlens_cpu"))
     return o
 
@@ -154,7 +172,8 @@ def cost(case):
 BENCH = Bench(
     op="gdn",
     cases=cases,
-    check_cases=[_case((2, 8), "1x2048", "mixed", (2048,)), _case((2, 6), "300+1+77+64", "decay", (300, 1, 77, 64))],
+    check_cases=[_case((2, 8), "1x2048", "mixed", (2048,)), _case((2, 6), "300+1+77+64", "decay", (300, 1, 77, 64)),
+                 _case((2, 4), "200+1+63", "mixed", (200, 1, 63), l2norm=True)],
     make_inputs=make_inputs,
     impls={"tilela": _ours, "tilela_unsplit": _ours_unsplit, "fla": _fla, "flash_qla": _flash_qla},
     reference=_reference,
