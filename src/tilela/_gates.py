@@ -36,6 +36,8 @@ recompute included, applies it here first.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 
@@ -48,6 +50,18 @@ def floor_log_gate(g: torch.Tensor) -> torch.Tensor:
 
 
 GATE_FORMS = ("log", "softplus", "sigmoid")  # "log": g is the log gate itself
+
+
+class InKernelGate(NamedTuple):
+    """How the op's g gives the log gate (``apply_gate``): the form, params = (exp(A_log), dt_bias) stacked in front
+    of the gate's columns, and the sigmoid form's lower bound; ``LOG_GATE`` when g is the log gate."""
+
+    form: str
+    params: torch.Tensor | None
+    lower_bound: float | None
+
+
+LOG_GATE = InKernelGate("log", None, None)
 
 
 def apply_gate(x: torch.Tensor, form: str, params: torch.Tensor | None, lower_bound: float | None) -> torch.Tensor:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._gates import apply_gate
+from ._gates import InKernelGate, apply_gate
 from .torch_path import chunk as torch_path
 
 
@@ -48,12 +48,11 @@ def chunk_attention(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Ten
     (bounded_gate: the caller guarantees every per-token log gate >= -5, see kernels.hopper.plan.covers; gate_form
     other than "log": g is FLA's in-kernel gate input, with gate_params and lower_bound, tilela._gates)."""
     from . import _validation as V
-    from .ops import InKernelGate, _dispatch
+    from .ops import _dispatch
 
     V.check_gate_input(gate_form, gate_params, lower_bound, g)
-    gate_in = None if gate_form == "log" else InKernelGate(gate_form, gate_params, lower_bound)
     o, S = _dispatch(q, k, v, g, gate, beta, delta, scale, initial_state, output_final_state, cu_seqlens,
-                     cu_seqlens_cpu, check_finite, bounded_gate, gate_in)
+                     cu_seqlens_cpu, check_finite, bounded_gate, InKernelGate(gate_form, gate_params, lower_bound))
     return o, (S if S is not None else q.new_empty(0, dtype=_state_dtype(q)))
 
 

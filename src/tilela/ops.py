@@ -29,14 +29,12 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import NamedTuple
-
 import torch
 import torch.nn.functional as F
 
 from . import _library
 from . import _validation as V
-from ._gates import apply_gate
+from ._gates import LOG_GATE, InKernelGate, apply_gate
 from .torch_path import chunk as torch_path
 
 
@@ -59,22 +57,13 @@ def _check(q, k, v, g, g_kind, beta, needs_beta, scale, initial_state, cu_seqlen
 
 
 def _dispatch(q, k, v, g, g_kind, beta, needs_beta, scale, initial_state, output_final_state, cu_seqlens,
-              cu_seqlens_cpu, check_finite=False, bounded_gate=False, gate_in=None):
+              cu_seqlens_cpu, check_finite=False, bounded_gate=False, gate_in=LOG_GATE):
     """Validate and run one call on the Hopper kernels or the PyTorch path (the body of tilela::chunk_attention);
-    bounded_gate: the caller guarantees every per-token log gate >= -5 (kernels.hopper.plan.covers); gate_in: the
-    in-kernel gate g is the input of (InKernelGate), or None."""
+    bounded_gate: the caller guarantees every per-token log gate >= -5 (kernels.hopper.plan.covers); gate_in: how g
+    gives the log gate (tilela._gates.InKernelGate)."""
     dims, scale = _check(q, k, v, g, g_kind, beta, needs_beta, scale, initial_state, cu_seqlens, cu_seqlens_cpu)
     return _run(dims, scale, q, k, v, g, g_kind, beta, needs_beta, initial_state, output_final_state, cu_seqlens,
                 check_finite, bounded_gate, gate_in)
-
-
-class InKernelGate(NamedTuple):
-    """FLA's in-kernel gate (tilela._gates.apply_gate): the form, params = (exp(A_log), dt_bias) stacked in front of
-    the gate's columns, and the sigmoid form's lower bound."""
-
-    form: str
-    params: torch.Tensor
-    lower_bound: float | None
 
 
 def _run(dims, scale, q, k, v, g, g_kind, beta, needs_beta, initial_state, output_final_state, cu_seqlens,
@@ -82,25 +71,23 @@ def _run(dims, scale, q, k, v, g, g_kind, beta, needs_beta, initial_state, outpu
     """One validated call (dims and scale from _check) on the Hopper kernels (the in-kernel gate in their cumsum
     stage) or the PyTorch path (the gate formed first). check_finite reads the in-kernel gate as formed: its raw
     input may be ±inf (g = -inf, a reset, or 0), and non-finite A_log or dt_bias show up in it."""
-    g_checked = g if gate_in is None or not check_finite else apply_gate(g, *gate_in)
-    V.check_finite(check_finite, dict(q=q, k=k, v=v, g=g_checked, beta=beta, initial_state=initial_state),
-                   dims.seq_bounds)
+    V.check_finite(check_finite, dict(q=q, k=k, v=v, g=apply_gate(g, *gate_in) if check_finite else g, beta=beta,
+                                      initial_state=initial_state), dims.seq_bounds)
     scale = dims.K ** -0.5 if scale is None else scale
     hopper = _hopper(q, k, v, g, beta, initial_state, cu_seqlens)
     if hopper is not None and hopper.plan.covers(hopper.DTYPE_NAMES.get(q.dtype), dims.K, dims.V, g_kind, needs_beta,
                                                  bounded_gate):
         plan = hopper.plan_call(q, v, g, beta, scale, gate=g_kind, lengths=[e - s for s, e in dims.seq_bounds],
                                 initial_state=initial_state is not None, output_final_state=output_final_state,
-                                varlen=cu_seqlens is not None, gate_form="log" if gate_in is None else gate_in.form)
-        return hopper.forward(plan, q, k, v, g, beta, initial_state, cu_seqlens,
-                              gate_params=None if gate_in is None else gate_in.params,
-                              gate_scale=None if gate_in is None else gate_in.lower_bound)
-    g = g if gate_in is None else apply_gate(g, *gate_in)
-    return torch_path.chunk_attention(q, k, v, g, beta, scale, initial_state, output_final_state, dims)
+                                varlen=cu_seqlens is not None, gate_form=gate_in.form)
+        return hopper.forward(plan, q, k, v, g, beta, initial_state, cu_seqlens, gate_params=gate_in.params,
+                              gate_scale=gate_in.lower_bound)
+    return torch_path.chunk_attention(q, k, v, apply_gate(g, *gate_in), beta, scale, initial_state,
+                                      output_final_state, dims)
 
 
 def _attention(q, k, v, g, g_kind, beta, needs_beta, scale, initial_state, output_final_state, cu_seqlens,
-               cu_seqlens_cpu, check_finite=False, bounded_gate=False, gate_in=None):
+               cu_seqlens_cpu, check_finite=False, bounded_gate=False, gate_in=LOG_GATE):
     """Validate eagerly; then an eager call on plain tensors that records no autograd runs directly (_run: no custom
     op dispatch, no second validation; the serving case), and every other call goes through the custom op
     tilela::chunk_attention (autograd, fake tensors and other tensor subclasses, functorch transforms, tracing,
@@ -110,8 +97,8 @@ def _attention(q, k, v, g, g_kind, beta, needs_beta, scale, initial_state, outpu
     check_finite = V.check_flag("check_finite", check_finite)
     if not torch.compiler.is_compiling():
         dims, scale = _check(q, k, v, g, g_kind, beta, needs_beta, scale, initial_state, cu_seqlens, cu_seqlens_cpu)
-        params = None if gate_in is None else gate_in.params  # A_log and dt_bias may carry gradients alone
-        tensors = [t for t in (q, k, v, g, beta, initial_state, cu_seqlens, params) if t is not None]
+        # gate_in.params: A_log and dt_bias may carry gradients alone
+        tensors = [t for t in (q, k, v, g, beta, initial_state, cu_seqlens, gate_in.params) if t is not None]
         plain = all(type(t) is torch.Tensor for t in tensors) and V.has_values(q)
         grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
         if plain and not grad and not torch._C._are_functorch_transforms_active() and not torch.jit.is_tracing():
@@ -119,10 +106,9 @@ def _attention(q, k, v, g, g_kind, beta, needs_beta, scale, initial_state, outpu
                         cu_seqlens, check_finite, bounded_gate, gate_in)
         if cu_seqlens is not None and cu_seqlens_cpu is None:
             cu_seqlens_cpu = torch.tensor([0, *(e for _, e in dims.seq_bounds)], dtype=torch.int64)
-    form, params, lower_bound = ("log", None, None) if gate_in is None else gate_in
     o, S = _library.chunk_attention(q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu, g_kind, needs_beta,
                                     None if scale is None else float(scale), output_final_state, check_finite,
-                                    bounded_gate, form, params, lower_bound)
+                                    bounded_gate, *gate_in)
     return o, (S if output_final_state else None)
 
 
@@ -249,21 +235,21 @@ def in_kernel_gate(g: torch.Tensor, A_log, dt_bias, lower_bound: float | None) -
     a = None if A_log is None else _heads_param("A_log", A_log, columns[:1] + (1,) * (len(columns) - 1), "[HV]").exp()
     b = None if dt_bias is None else _heads_param("dt_bias", dt_bias, columns, meaning)
     like = a if a is not None else b
-    dtype, device = (torch.float32, g.device) if like is None else (like.dtype, like.device)
-    a = torch.ones((1,) * len(columns), dtype=dtype, device=device) if a is None else a
-    b = torch.zeros((1,) * len(columns), dtype=dtype, device=device) if b is None else b
-    params = torch.stack(torch.broadcast_tensors(*(x.expand(columns) for x in (a, b))))
+    dtype = torch.float32 if like is None else like.dtype
+    a = g.new_ones((1,) * len(columns), dtype=dtype) if a is None else a
+    b = g.new_zeros((1,) * len(columns), dtype=dtype) if b is None else b
+    params = torch.stack((a.expand(columns), b.expand(columns)))
     return InKernelGate("softplus" if lower_bound is None else "sigmoid", params, lower_bound)
 
 
 def _gated_delta(q, k, v, g, gate, beta, scale, initial_state, output_final_state, state_v_first, cu_seqlens,
-                 cu_seqlens_cpu, cp_context, check_finite, bounded_gate=False, gate_in=None):
+                 cu_seqlens_cpu, cp_context, check_finite, bounded_gate=False, gate_in=LOG_GATE):
     """GDN and KDA after their input transforms: one process, or the ranks of cp_context (tilela.distributed); the
     state in FLA's layout either way. bounded_gate: KDA's safe_gate (kernels.hopper.plan.covers); gate_in: g is
     the in-kernel gate's input (the context-parallel path forms the gate first)."""
     initial_state = _state_in(initial_state, state_v_first)
     if cp_context is not None:
-        g = g if gate_in is None else apply_gate(g, *gate_in)
+        g = apply_gate(g, *gate_in)
         result = _cp_attention(cp_context, q, k, v, g, gate, beta, scale, initial_state, output_final_state,
                                check_finite, bounded_gate)
     else:
@@ -304,7 +290,7 @@ def chunk_gated_delta_rule(
     state_v_first = _fla_kwargs(kwargs, state_v_first, head_first_raises=True, layout_alias=True)
     _chunk_size(chunk_size, (16, 32, 64))
     q, k, beta = _qk_beta(q, k, beta, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval)
-    gate_in = None
+    gate_in = LOG_GATE
     if V.check_flag("use_gate_in_kernel", use_gate_in_kernel):
         g = _gate_shape(g, v, False, 0)
         if A_log is None:
@@ -367,7 +353,7 @@ def chunk_kda(
     if lower_bound is not None and (isinstance(lower_bound, bool) or not isinstance(lower_bound, (int, float))):
         raise TypeError(f"lower_bound: expected a float or None, got {type(lower_bound).__name__}")
     q, k, beta = _qk_beta(q, k, beta, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval)
-    bounded, gate_in = safe_gate, None
+    bounded, gate_in = safe_gate, LOG_GATE
     if V.check_flag("use_gate_in_kernel", use_gate_in_kernel):
         bounded = lower_bound is not None and -5 <= lower_bound < 0
         if A_log is None and lower_bound is None:

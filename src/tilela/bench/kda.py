@@ -10,7 +10,7 @@ with g_raw normal, A_log = log(uniform(1, 16)) and dt_bias = softplus^-1(dt), dt
 Implementations (given cu_seqlens and its host copy where varlen):
   tilela       tilela.chunk_kda (the Hopper kernels with safe_gate, so for the bounded form; else the PyTorch path)
   tilela_loop  the bounded form through our pipeline on the single-warp-group pass (plan kernel="loop")
-  fla         fla.ops.kda.chunk_kda with FLA_FLASH_KDA=0 and FLA_FLASH_QLA=0 (Triton)
+  fla          fla.ops.kda.chunk_kda with FLA_FLASH_KDA=0 and FLA_FLASH_QLA=0 (Triton)
 Cases (K = V = 128): HV in {8, 32, 64} (H = HV) x T in {8192, 32768}; varlen 1024x8 at h32; one 65536-token
 sequence at h4/16; FlashKDA's published H200 cases, B = 1 and B = 2 at T = 8192, H = 64 (FlashKDA 1.209 and
 1.627 ms there, FLA 0.5 1.810 and 3.576 ms).

@@ -22,10 +22,10 @@ from the sequence start.
 
 import tilelang.language as T
 
+from ..._gates import GATE_FORMS
 from .common import TILE, exp_e, floor_log_gate, locate_tile
 
 COLUMNS = 128  # columns (threads) per CTA
-FORMS = ("log", "softplus", "sigmoid")
 
 
 def log_gate(x, a, b, form: str):
@@ -43,11 +43,13 @@ def chunk_local_cumsum_kernel(chunk: int, dtype: str, form: str = "log") -> T.Pr
     """Build the prim_func for static (chunk, input dtype, gate form); tokens, columns and sequences are symbolic.
     params [2, W] holds (a, b) per column for the softplus and sigmoid forms; the log form reads none of it (a
     [2, 1] placeholder)."""
-    if form not in FORMS:
-        raise ValueError(f"form: expected one of {FORMS}, got {form!r}")
+    if form not in GATE_FORMS:
+        raise ValueError(f"form: expected one of {GATE_FORMS}, got {form!r}")
     num_tokens, W, num_bounds = T.dynamic("num_tokens"), T.dynamic("W"), T.dynamic("num_bounds")
     num_params = T.dynamic("num_params")
-    landed = floor_log_gate if form == "log" else (lambda x: x)  # the other forms are floored after f, in the scan
+    # the log form is floored as it lands in shared memory; the other forms after f, in the column scan
+    landed = floor_log_gate if form == "log" else (lambda x: x)
+    scanned = (lambda x, a, b: x) if form == "log" else (lambda x, a, b: floor_log_gate(log_gate(x, a, b, form)))
 
     @T.prim_func
     def chunk_local_cumsum(
@@ -69,27 +71,21 @@ def chunk_local_cumsum_kernel(chunk: int, dtype: str, form: str = "log") -> T.Pr
             col0 = cb * COLUMNS
             col = col0 + T.get_thread_binding()  # the column this thread scans
             acc = T.alloc_var("float32")
+            a = T.alloc_var("float32")  # the column's (a, b): read by the in-kernel gate forms only
+            b = T.alloc_var("float32")
             if start < end:
                 for i, j in T.Parallel(TILE, COLUMNS):
                     tile[i, j] = T.if_then_else(start + i < end and col0 + j < W,
                                                 landed(T.cast(g[0, start + i, col0 + j], "float32")), 0.0)
                 acc = 0.0
-                if form == "log":
-                    for i in T.unroll(TILE):
-                        if i % chunk == 0:
-                            acc = 0.0
-                        acc += tile[i, T.get_thread_binding()]
-                        tile[i, T.get_thread_binding()] = acc * scale
-                else:
-                    a = T.alloc_var("float32")
-                    b = T.alloc_var("float32")
+                if form != "log":
                     a = T.if_then_else(col < num_params, params[0, col], 0.0)
                     b = T.if_then_else(col < num_params, params[1, col], 0.0)
-                    for i in T.unroll(TILE):  # rows past the sequence end add to acc after every stored row
-                        if i % chunk == 0:
-                            acc = 0.0
-                        acc += floor_log_gate(log_gate(tile[i, T.get_thread_binding()], a, b, form))
-                        tile[i, T.get_thread_binding()] = acc * scale
+                for i in T.unroll(TILE):  # rows past the sequence end add to acc after every stored row
+                    if i % chunk == 0:
+                        acc = 0.0
+                    acc += scanned(tile[i, T.get_thread_binding()], a, b)
+                    tile[i, T.get_thread_binding()] = acc * scale
                 for i, j in T.Parallel(TILE, COLUMNS):
                     if start + i < end and col0 + j < W:
                         gc[0, start + i, col0 + j] = tile[i, j]

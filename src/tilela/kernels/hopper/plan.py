@@ -32,9 +32,10 @@ import functools
 import math
 from dataclasses import dataclass
 
+from ..._gates import GATE_FORMS
+
 CHUNK = 64  # tokens per chunk of every stage (and per tile of the tile-parallel kernels)
 GATES = ("none", "scalar", "channel")
-GATE_FORMS = ("log", "softplus", "sigmoid")  # tilela._gates.GATE_FORMS (this module imports no torch)
 HALF = ("bfloat16", "float16")
 
 # ---- cost model (data) -------------------------------------------------------------------------------------------
