@@ -7,7 +7,8 @@
 #   --quick.
 #   Time limits (s): PRECOMPILE_TIMEOUT (0 skips the precompile), TEST_TIMEOUT, BENCH_TIMEOUT, or
 #   BENCH_TIMEOUT_<op> for one op; DEADLINE (epoch seconds) cuts every benchmark short of it. TEST_PROCS: pytest-xdist
-#   workers for the GPU tests (default 16: the tests' TileLang compiles then run in parallel on the host's cores).
+#   workers for the GPU tests (default 16: the tests' TileLang compiles then run in parallel on the host's cores),
+#   each with nproc / TEST_PROCS torch threads unless OMP_NUM_THREADS is set.
 #   BENCH_ARGS: extra arguments for every `tilela bench` (e.g. --cases ...). TESTS: test paths or node ids (default
 #   tests; a node id that does not exist, e.g. after a parametrisation changed, makes pytest collect nothing).
 # Caches (benchmarks/device_cache.sh): .devrun/*.tar.xz unpacked into the kernel caches first (build the TileLang
@@ -39,6 +40,10 @@ fi
 if [ -n "$tests" ]; then
   workers=(-n "${TEST_PROCS:-16}" --dist loadgroup)
   python -c "import xdist" 2>/dev/null || workers=()
+  # each worker's torch gets its share of the cores: with all of them each, the workers' CPU float64 references
+  # (autograd checks) oversubscribe the host (an autograd check then took 335 s instead of 7 s)
+  threads=$(( $(nproc) / ${TEST_PROCS:-16} )); [ "$threads" -lt 1 ] && threads=1
+  export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$threads}
   # -v: a run the time limit cuts still shows what passed, what failed and what was in flight; SIGINT at the limit
   # lets pytest print its summary and the slowest durations before it stops
   # shellcheck disable=SC2086  # TESTS is a list of paths or node ids
