@@ -49,7 +49,7 @@ def jobs() -> list[Job]:
     """Every kernel configuration this module compiles (see the module docstring)."""
     from .kernels.hopper import CUMSUM_CONFIGS, GLA_FACTORS_CONFIGS, KKT_CONFIGS, SEQ_COMBINE_CONFIGS
     from .kernels.hopper.plan import CHUNK as TILE
-    from .kernels.hopper.plan import dv_blocks, ws_covers
+    from .kernels.hopper.plan import covers, dv_blocks, ws_covers
 
     op_of = {level: op for op, level in ATTENTION_OPS.items()}
     gated = frozenset(op for op, (gate, _) in ATTENTION_OPS.items() if gate != "none")
@@ -66,7 +66,8 @@ def jobs() -> list[Job]:
                                                             ("bfloat16", "float16"), switches):
         level = dict(ops=frozenset({op_of[gate, delta]}), dtype=dtype, K=K)
         for beta_dtype in ("float32", dtype) if gate == "scalar" and delta else ("float32",):
-            if gate == "channel" or K == 256 or (gate, delta) == ("scalar", True):
+            if covers(dtype, K, K, gate, delta, bounded=True) and (
+                    gate == "channel" or K == 256 or (gate, delta) == ("scalar", True)):
                 out.append(Job("chunk_fwd", (K, gate, delta, dtype, beta_dtype, flags), **level))
             if ws_covers(dtype, K, K, gate, delta):  # what "auto" picks
                 out += [Job("ws", (K, K, gate, delta, dtype, beta_dtype, flags, block_DV, True), **level)
