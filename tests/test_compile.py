@@ -1,5 +1,5 @@
-"""Every shipped chunk_local_cumsum / kkt_solve / gla_factors / seq_combine configuration lowers and nvcc-compiles for sm_90a (no
-GPU needed).
+"""Every shipped chunk_local_cumsum / kkt_solve / gla_factors / seq_combine / l2norm configuration lowers and
+nvcc-compiles for sm_90a (no GPU needed).
 
 Sizes (tokens, heads, sequences; K too in cumsum and kkt_solve) are symbolic, so the static configurations listed in
 tilela.kernels.hopper are the whole set: every head count (and K = 64, 128, 256) shares one compiled kernel.
@@ -18,6 +18,7 @@ from tilela.kernels import hopper  # noqa: E402
 from tilela.kernels.hopper.cumsum import chunk_local_cumsum_kernel  # noqa: E402
 from tilela.kernels.hopper.gla_factors import gla_factors_kernel  # noqa: E402
 from tilela.kernels.hopper.kkt_solve import kkt_solve_kernel  # noqa: E402
+from tilela.kernels.hopper.l2norm import l2norm_kernel  # noqa: E402
 from tilela.kernels.hopper.seq_combine import seq_combine_kernel  # noqa: E402
 
 pytestmark = [
@@ -27,9 +28,10 @@ pytestmark = [
 
 CASES = ([("cumsum", c) for c in hopper.CUMSUM_CONFIGS] + [("kkt_solve", c) for c in hopper.KKT_CONFIGS]
          + [("gla_factors", c) for c in hopper.GLA_FACTORS_CONFIGS]
-         + [("seq_combine", c) for c in hopper.SEQ_COMBINE_CONFIGS])
+         + [("seq_combine", c) for c in hopper.SEQ_COMBINE_CONFIGS]
+         + [("l2norm", c) for c in hopper.L2NORM_CONFIGS])
 BUILDERS = {"cumsum": chunk_local_cumsum_kernel, "kkt_solve": kkt_solve_kernel, "gla_factors": gla_factors_kernel,
-            "seq_combine": seq_combine_kernel}
+            "seq_combine": seq_combine_kernel, "l2norm": l2norm_kernel}
 
 
 def _lower(case):
@@ -65,6 +67,8 @@ def test_compiles_for_sm90a(compiled, case):
         else:
             assert "wgmma" in source  # K K^T on the tensor cores
         assert "__launch_bounds__(128, 4)" in source
+    if case[0] == "l2norm":  # 16-byte loads and stores of the rows
+        assert "*(uint4*)(x + " in source and "*(uint4*)(y + " in source
     if case[0] == "seq_combine":  # the transitions' states arrive through the cp.async pipeline
         assert "cp_async" in source
     if case[0] == "gla_factors":

@@ -231,3 +231,26 @@ def test_cumsum_stage_forms_the_in_kernel_gate(form, columns, dtype):
     ref = reference.chunk_local_cumsum(apply_gate(raw.double(), form, params.double(), lower), 64, cu)
     assert torch.isfinite(gc).all()
     torch.testing.assert_close(gc.double().cpu(), ref, rtol=5e-5, atol=1e-30)  # float32 exp of |args| ~ 100
+
+
+@pytest.mark.parametrize("K", [64, 128, 256])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_l2norm_kernel_against_float64(K, dtype):
+    """use_qk_l2norm_in_kernel's kernel (kernels/hopper/l2norm.py), through the op's dispatch (tilela.ops._l2norm),
+    per element against float64: rows of every scale, a zero row (y = 0), a row count no tile divides, a strided
+    view (a q slice of a fused projection); within half an ulp of the output dtype plus float32's error."""
+    from tilela.kernels import hopper
+    from tilela.ops import _l2norm
+
+    gen = torch.Generator().manual_seed(K)
+    fused = torch.randn(2, 77, 3, 2 * K, generator=gen) * torch.logspace(-3, 3, 77).view(1, 77, 1, 1)
+    fused[0, 5, 1] = 0
+    x = fused.to(dtype).cuda()[..., :K]  # strided
+    y = _l2norm(x)
+    xd = x.double().cpu()
+    ref = xd / torch.sqrt(xd.pow(2).sum(-1, keepdim=True) + 1e-6)
+    assert y.dtype == dtype and y.shape == x.shape and y.is_contiguous()
+    assert torch.equal(y, hopper.l2norm(x, 1e-6))  # the op's dispatch takes the kernel
+    ulp = 2.0 ** -8 if dtype == torch.bfloat16 else 2.0 ** -11
+    torch.testing.assert_close(y.double().cpu(), ref, rtol=ulp / 2 + 1e-6, atol=1e-7)
+    assert not y[0, 5, 1].any()

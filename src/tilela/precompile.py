@@ -4,8 +4,8 @@ A first call of an op on a Hopper GPU compiles its TileLang kernels (tens of sec
 its on-disk cache (TILELANG_CACHE_DIR), so a process that finds them there loads them instead. This module compiles
 them beforehand, on any machine with TileLang and nvcc (no GPU needed: the target is sm_90a):
 
-  - kkt_solve, chunk_local_cumsum, gla_factors, seq_combine: every configuration we ship
-    (kernels.hopper.CUMSUM_CONFIGS, KKT_CONFIGS, GLA_FACTORS_CONFIGS, SEQ_COMBINE_CONFIGS);
+  - kkt_solve, chunk_local_cumsum, gla_factors, seq_combine, l2norm: every configuration we ship
+    (kernels.hopper.CUMSUM_CONFIGS, KKT_CONFIGS, GLA_FACTORS_CONFIGS, SEQ_COMBINE_CONFIGS, L2NORM_CONFIGS);
   - the state/output passes of every attention op at K = V in {64, 128, 256}, bf16 and fp16, with the (varlen,
     initial state, final state) switches the GPU tests and benchmarks use: GDN in both passes (and its
     half-precision beta), the other ops in the pass that serves them, the warp-specialised pass at every DV block
@@ -32,7 +32,7 @@ ALIASES = {"gdn": "chunk_gated_delta_rule", "kda": "chunk_kda", "delta_rule": "c
 
 
 class Job(NamedTuple):
-    kind: str  # "cumsum", "kkt", "gla", "combine", "chunk_fwd" or "ws"
+    kind: str  # "cumsum", "kkt", "gla", "combine", "l2norm", "chunk_fwd" or "ws"
     config: tuple  # the kernel builder's static arguments (compile_one)
     ops: frozenset[str]  # the public ops that call this kernel
     dtype: str | None = None  # q/k dtype, where the kernel has one
@@ -47,7 +47,7 @@ class Result(NamedTuple):
 
 def jobs() -> list[Job]:
     """Every kernel configuration this module compiles (see the module docstring)."""
-    from .kernels.hopper import CUMSUM_CONFIGS, GLA_FACTORS_CONFIGS, KKT_CONFIGS, SEQ_COMBINE_CONFIGS
+    from .kernels.hopper import CUMSUM_CONFIGS, GLA_FACTORS_CONFIGS, KKT_CONFIGS, L2NORM_CONFIGS, SEQ_COMBINE_CONFIGS
     from .kernels.hopper.plan import CHUNK as TILE
     from .kernels.hopper.plan import covers, dv_blocks, ws_covers
 
@@ -60,6 +60,8 @@ def jobs() -> list[Job]:
                 dtype=c[2]) for c in KKT_CONFIGS]
     out += [Job("gla", c, frozenset({op_of["channel", False]}), dtype=c[1], K=c[0]) for c in GLA_FACTORS_CONFIGS]
     out += [Job("combine", c, frozenset({op_of[c[2], False]}), K=c[0]) for c in SEQ_COMBINE_CONFIGS]
+    l2norm_ops = frozenset(op for op, (_, delta) in ATTENTION_OPS.items() if delta)  # use_qk_l2norm_in_kernel
+    out += [Job("l2norm", c, l2norm_ops, dtype=c[1], K=c[0]) for c in L2NORM_CONFIGS]
     switches = [(True, True, True), (False, False, True), (False, True, True), (True, False, True),
                 (False, False, False), (True, True, False)]
     for (gate, delta), K, dtype, flags in itertools.product(ATTENTION_OPS.values(), (128, 64, 256),
@@ -141,7 +143,8 @@ def compile_one(job: Job) -> Result:
             launch.compiled(launch.STATE_PASSES[kernel], *cfg.args, warp_specialized=True)
         else:
             builder = {"kkt": launch.kkt_solve_kernel, "cumsum": launch.chunk_local_cumsum_kernel,
-                       "gla": launch.gla_factors_kernel, "combine": launch.seq_combine_kernel}[job.kind]
+                       "gla": launch.gla_factors_kernel, "combine": launch.seq_combine_kernel,
+                       "l2norm": launch.l2norm_kernel}[job.kind]
             launch.compiled(builder, *job.config)
         return Result(job, time.perf_counter() - t, None)
     except Exception as exc:  # noqa: BLE001 - reported per job: one failing kernel must not stop the others

@@ -14,6 +14,7 @@ precompile.py`; token counts, head counts, K (cumsum, kkt_solve) and varlen layo
     in-place forward substitution of the 16x16 block (no coupling level)
     gla_factors_kernel(K, q/k dtype, whether it sums the raw gate itself, whether it writes KDA's Kg)
     seq_combine_kernel(K, V, gate kind, whether an initial state is read): the plain update's sequence split
+    l2norm_kernel(K, q/k dtype): use_qk_l2norm_in_kernel
     the state passes: plan.PassConfig.args for every (K, gate, update rule, dtype, switches, tiles) a plan can hold
 """
 
@@ -23,7 +24,7 @@ import functools
 
 import torch
 
-from .plan import CHUNK, HALF, Plan, SegmentPlan, make_plan
+from .plan import CHUNK, HALF, L2NORM_DIMS, Plan, SegmentPlan, make_plan
 
 DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
@@ -33,6 +34,7 @@ KKT_METHODS = [(16, "blocked"), (32, "blocked"), (64, "blocked"), (16, "neumann"
 GLA_FACTORS_CONFIGS = [(K, d, cumsum, False) for K in (64, 128) for d in HALF for cumsum in (False, True)] + [
     (K, d, False, True) for K in (64, 128) for d in HALF]
 SEQ_COMBINE_CONFIGS = [(K, K, gate, h0) for K in (64, 128) for gate in ("none", "scalar") for h0 in (False, True)]
+L2NORM_CONFIGS = [(K, d) for K in L2NORM_DIMS for d in HALF]
 KKT_CONFIGS = [
     (C, m, d, gate, pair)
     for C, m in KKT_METHODS
@@ -88,5 +90,12 @@ def forward(plan: Plan, q, k, v, g, beta, initial_state=None, cu_seqlens=None, *
     return run(plan, q, k, v, g, beta, initial_state, cu_seqlens, A=A, gate_params=gate_params, gate_scale=gate_scale)
 
 
-__all__ = ["Plan", "SegmentPlan", "available", "forward", "make_plan", "multiprocessors", "plan_call",
-           "CUMSUM_CONFIGS", "KKT_CONFIGS", "GLA_FACTORS_CONFIGS", "SEQ_COMBINE_CONFIGS"]
+def l2norm(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """x / sqrt(sum x^2 + eps) over the last dim (launch.launch_l2norm) for x the kernel serves (plan.l2norm_covers)."""
+    from .launch import launch_l2norm
+
+    return launch_l2norm((x.shape[-1], DTYPE_NAMES[x.dtype]), x, eps)
+
+
+__all__ = ["Plan", "SegmentPlan", "available", "forward", "l2norm", "make_plan", "multiprocessors", "plan_call",
+           "CUMSUM_CONFIGS", "KKT_CONFIGS", "GLA_FACTORS_CONFIGS", "SEQ_COMBINE_CONFIGS", "L2NORM_CONFIGS"]

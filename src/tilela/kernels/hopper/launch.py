@@ -12,6 +12,8 @@ The pipeline (`forward`), as named stages over the [B, T, H, D] layout:
                                                                                    split: seq_split.py's transform,
                                                                                    launch_combine for the plain update)
 
+Before it, use_qk_l2norm_in_kernel normalises q and k (tilela.ops, plan.l2norm_covers): launch_l2norm (l2norm.py).
+
 Nothing synchronises with the host: the varlen tile schedule is found on the device (common.locate_tile) from host
 sizes (T, N). Compiled kernels are cached per static configuration (the plan's keys); token counts, head counts and
 varlen layouts are symbolic, so a new length, head count or layout never recompiles.
@@ -31,6 +33,7 @@ from .common import TILE, pass_configs, target
 from .cumsum import chunk_local_cumsum_kernel
 from .gla_factors import gla_factors_kernel
 from .kkt_solve import kkt_solve_kernel
+from .l2norm import l2norm_kernel
 from .plan import Plan
 from .seq_combine import seq_combine_kernel
 
@@ -101,6 +104,16 @@ def launch_cumsum(key: tuple, g: torch.Tensor, sched: Schedule, scale: float | N
                                               gc.view(*g1.shape[:2], -1), 1.0 if scale is None else float(scale),
                                               *sched.grid)
     return gc
+
+
+def launch_l2norm(key: tuple, x: torch.Tensor, eps: float) -> torch.Tensor:
+    """x / sqrt(sum x^2 + eps) over the last dim, in x's dtype (contiguous); key (K, dtype)."""
+    x = x.contiguous()
+    y = torch.empty_like(x)
+    rows = x.numel() // key[0]
+    if rows:
+        compiled(l2norm_kernel, *key)(x.view(rows, key[0]), y.view(rows, key[0]), float(eps))
+    return y
 
 
 def launch_kkt(key: tuple, k: torch.Tensor, beta: torch.Tensor, gc: torch.Tensor | None,

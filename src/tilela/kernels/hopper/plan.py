@@ -37,6 +37,7 @@ from ..._gates import GATE_FORMS
 CHUNK = 64  # tokens per chunk of every stage (and per tile of the tile-parallel kernels)
 GATES = ("none", "scalar", "channel")
 HALF = ("bfloat16", "float16")
+L2NORM_DIMS = (64, 128, 256)
 
 # ---- cost model (data) -------------------------------------------------------------------------------------------
 # (update rule, K / DV block, output group on) -> chunk period in us; where each comes from (benchmarks/NOTES.md and
@@ -169,6 +170,11 @@ def covers(dtype: str, K: int, V: int, gate: str, delta: bool, bounded: bool = F
     window -77 over 8192 tokens of 8 heads), and the PyTorch path is exact for any gate."""
     return (dtype in HALF and K == V and K in (64, 128, 256) and (gate != "channel" or K <= 128)
             and (gate != "channel" or not delta or bounded))
+
+
+def l2norm_covers(dtype: str, K: int) -> bool:
+    """Whether l2norm.py serves q or k's use_qk_l2norm_in_kernel (without autograd): bf16/fp16, K in L2NORM_DIMS."""
+    return dtype in HALF and K in L2NORM_DIMS
 
 
 def ws_covers(dtype: str, K: int, V: int, gate: str, delta: bool) -> bool:
