@@ -9,6 +9,7 @@ export TILELANG_CACHE_DIR=$PWD/.tl-cache TILELANG_DEFAULT_TARGET='{"kind":"cuda"
 export TRITON_CACHE_DIR=$PWD/.tl-cache/triton TRITON_CACHE_AUTOTUNING=1
 
 cache_in() {
+  [ -f .tl-cache/.stamp ] && return  # unpacked by an earlier script of this call (re-unpacking races its readers)
   mkdir -p .tl-cache
   for f in .devrun/tlcache.tar.xz .devrun/newcache-*.tar.xz; do [ -f "$f" ] && tar xJf "$f" -C .tl-cache; done
   touch .tl-cache/.stamp

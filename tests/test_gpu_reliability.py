@@ -1,5 +1,6 @@
 """Reliability on the H200: bitwise-identical reruns of every attention op on our kernels (dense, varlen and the
-sequence split), and a GDN call past 2^31 elements per tensor checked at the end of its last sequences."""
+sequence split), a GDN call past 2^31 elements per tensor checked at the end of its last sequences, and a NaN at a
+sequence start that stays in its sequence although the kernels' tiles of the sequences before it load its row."""
 
 import pytest
 import torch
@@ -75,3 +76,27 @@ def test_gdn_past_int32_elements_against_fla_and_float64():
     end = slice(lengths[0] - 4096, lengths[0])
     assert rel_l2(o[:, end], fla_o[:, end]) < 1e-2 and rel_l2(S, fla_S) < 1e-2
     assert rel_l2(fla_o[:, tail], ref_o) < 1e-2
+
+
+TAIL_LENGTHS = (70, 40, 130, 1, 100)  # sequence 2 starts at token 110, inside the last 64-row tiles of 0 and 1
+POISON = [(op, K, name) for op, (gate, delta) in ATTENTION_OPS.items() for K in (128, 256)
+          if plan.covers("bfloat16", K, K, gate, delta, bounded=True)
+          for name in ("q", "k", "v") + ("g",) * (gate != "none") + ("beta",) * delta]
+
+
+@pytest.mark.parametrize("op,K,name", POISON, ids=[f"{o}-K{K}-{n}" for o, K, n in POISON])
+def test_non_finite_at_a_sequence_start_stays_in_its_sequence(op, K, name):
+    """NaN at token 113 (sequence 2) sits in the 64-row tiles the kernels load for the last chunks of sequences 0
+    and 1 (K = 128: the warp-specialised pass, K = 256: the loop pass): every output and final state outside
+    sequence 2 equals the clean run's bit for bit."""
+    gate, _ = ATTENTION_OPS[op]
+    x = inputs(TAIL_LENGTHS, 1, 2, 4, K, gate, seed=5)
+    o_clean, S_clean = call(op, x, TAIL_LENGTHS)
+    x[name][0, 113] = float("nan")
+    o, S = call(op, x, TAIL_LENGTHS)
+    assert not torch.isfinite(o[0, 113:240]).all()  # it reached its own sequence
+    outside = torch.ones(o.shape[1], dtype=torch.bool)
+    outside[110:240] = False
+    assert torch.equal(o[0, outside], o_clean[0, outside])
+    others = [n for n in range(len(TAIL_LENGTHS)) if n != 2]
+    assert torch.equal(S[others], S_clean[others])

@@ -34,8 +34,9 @@ exponent for any gate and stays in the input dtype.
 The state S stays in registers (fp32) for the whole sequence; only its low-precision copy goes through shared
 memory to feed the tensor cores.  q/k/v/A tiles are whole 64-row TMA tiles through a double-buffered pipeline
 (TileLang specialises a producer warp group); rows past the tensor end come back as zeros.  A varlen tail tile
-also holds rows of the next sequence: they are neutralised instead of reloaded: beta = 0 there (so the delta
-residual is 0), gc is clamped to the last valid row (every exponent stays as above), the causal mask keeps them
+also holds rows of the next sequence: their k, v and A rows are zeroed in shared memory before any product reads
+them (a mask by multiplication would carry a non-finite value of the next sequence across: 0 x NaN is NaN),
+beta = 0 there, gc is clamped to the last valid row (every exponent stays as above), the causal mask keeps them
 out of valid output rows, their Vnew rows are zeroed before the state update, and their output rows are not stored.
 """
 
@@ -73,6 +74,14 @@ def chunk_fwd_kernel(
     score_dtype = channel_score_dtype(dtype)
     sig = state_pass_contract(K, V, gate, delta, dtype, beta_dtype)
     B, Tn, H, HV, NS1 = sig.B, sig.Tn, sig.H, sig.HV, sig.NS1
+
+    @T.macro
+    def zero_tail_rows(buf, cols, t0, t_end):
+        """In a sequence's last chunk, buf's rows of the following sequences set to 0 (read and written in place, so
+        that the producer's load of buf is waited for first; placed before buf's first reader)."""
+        if t0 + C > t_end:
+            for i, j in T.Parallel(C, cols):
+                buf[i, j] = T.if_then_else(t0 + i < t_end, buf[i, j], 0)
 
     @T.prim_func
     def chunk_fwd(q: sig.q, k: sig.k, v: sig.v, g: sig.g, beta: sig.beta, A: sig.A, h0: sig.h0,
@@ -146,6 +155,7 @@ def chunk_fwd_kernel(
                         g_s[i, d] = g[bb, T.min(t0 + i, t_end - 1), bh, d]
 
                 T.copy(S_f, S_s)
+                zero_tail_rows(k_s, K, t0, t_end)
                 if delta:
                     # residual R = beta * (V - (K ⊙ exp gc) S);  Vnew = A R
                     if gate == "channel":
@@ -154,11 +164,13 @@ def chunk_fwd_kernel(
                         T.gemm(X_s, S_s, KS_f, clear_accum=True)
                     else:
                         T.gemm(k_s, S_s, KS_f, clear_accum=True)
+                    zero_tail_rows(v_s, block_DV, t0, t_end)
                     for i, j in T.Parallel(C, block_DV):
                         if gate == "scalar":
                             R_s[i, j] = beta_s[i] * (v_s[i, j] - exp_e(g_s[i]) * KS_f[i, j])
                         else:
                             R_s[i, j] = beta_s[i] * (v_s[i, j] - KS_f[i, j])
+                    zero_tail_rows(A_s, C, t0, t_end)
                     T.gemm(A_s, R_s, Vn_f, clear_accum=True)
                     T.copy(Vn_f, Vn_s)
 
@@ -183,6 +195,8 @@ def chunk_fwd_kernel(
                         O_f[i, j] = O_f[i, j] * scale * exp_e(g_s[i])
                     else:
                         O_f[i, j] = O_f[i, j] * scale
+                if not delta:
+                    zero_tail_rows(v_s, block_DV, t0, t_end)
                 T.gemm(P_s, Vn_s if delta else v_s, O_f)
                 T.copy(O_f, o_s)
                 for i, j in T.Parallel(C, block_DV):

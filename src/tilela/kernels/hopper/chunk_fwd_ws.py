@@ -35,14 +35,15 @@ producer, state and value the mainloop, output the epilogue):
     load    (threads 384-511)  TMA warp: q (for the output), k, v, A (delta rule), P and Kg (per-channel gate);
                                gate warp: gc, beta (or the chunk's D)
                                loaded GATE_AHEAD chunks ahead into registers, written with exp(gc), exp(gc_last - gc)
-                               and the rows' end mask; the other two warps write Vd_s where the value group is an
-                               output group, else idle
+                               and the rows' end mask; a last chunk's tail rows zeroed (Tails, below);
+                               the other two warps write Vd_s where the value group is an output group, else idle
 
 Hand-overs (Ring): a buffer of n slots, chunk c in slot c % n, one mbarrier pair per slot. "ready" completes when
 the slot holds chunk c (a reader waits parity (c // n) % 2), "free" when its readers are done with it (the writer of
 chunk c waits parity (c // n + 1) % 2, which a fresh barrier passes: the first n chunks do not wait):
     ready / free         writer -> readers               buffer                     n
     loaded / consumed    load -> the chunk's readers     q, k, v, A, gc, beta (D)   2 to 4, 3 delta rule (stages)
+    landed               TMA warp -> gate warp           a last chunk's tail bufs   per input slot, used once
     S_ready / S_read     state -> value, output          S_s                        2
     Vd_ready / Vd_read   value or Vd writers -> state    Vd_s                       1 delta rule, 2 plain update
     Vn_ready / Vn_read   value -> output                 Vnew_s (delta rule)        2 to block_DV = 64, 1 above
@@ -50,9 +51,14 @@ The recurrence's critical path is S_s -> K S -> A R -> K^T Vd -> S_s. P = Q K^T,
 beside it in the output group, a chunk behind at most (two S_s slots: the state never waits for Q S of the chunk it
 just left), and the next chunk's loads beside both.
 
-Varlen tails as in chunk_fwd.py: the 64-row tiles of the last chunk hold the next sequence's rows (or TMA zeros past
-the tensor end); beta = 0 there, gc is clamped to the last valid row, the causal mask keeps them out of valid rows,
-Vd rows (or K rows, where the state reads V from the input slots) are zeroed and output rows are not stored.
+Tails: the 64-row tiles of a sequence's last chunk hold the following sequences' rows (or TMA zeros past the tensor
+end). The TMA warp loads that chunk's tail buffers (k, v, A, Kg) on the slot's `landed` barrier; the gate warp waits
+for them, zeroes their rows past the sequence end and only then marks the slot loaded, so no product a valid row
+takes (K S, Kg S, A R, K^T Vd, K^T V, P V, P Vnew) meets another sequence's values (0 x NaN is NaN: a mask by
+multiplication would let a non-finite input cross). The column side needs exact zeros too, and has them: A's entries
+above the diagonal (kkt_solve.py) and P's (the causal select here, gla_factors.py under the per-channel gate). The
+q, Qg and P rows past the end stay: they reach only output rows, which are not stored. beta = 0 and exp(gc_last - gc)
+= 0 there too, and gc is clamped to the last valid row.
 
 Glossary:
     plain update   Vnew = V, no delta rule (linear_attn, simple_gla, gla)
@@ -89,7 +95,6 @@ VALUE_REGS = 152
 OUTPUT_REGS = 144
 LOAD_REGS = 56
 SHARED_BYTES = 226 * 1024  # of the 227 KiB a CTA may take, 1 KiB left for barriers and alignment
-STATE_BARRIER = 1  # named barrier of the state group (bar.sync 0 is the CTA's)
 GATE_AHEAD = 3  # chunks whose gate loads (gc, beta, D) the gate warp keeps in flight
 
 
@@ -158,19 +163,17 @@ class WsConfig:
     even chunks and the output group that of the odd ones. Each stages its own P; S_s slot c % 2 has one reader."""
     kv_from_inputs: bool
     """The plain update without a scalar gate: Vd = V, so the state group adds K^T V straight from the input slots
-    ("direct"; the last chunk's K rows past the sequence end zeroed first); no Vd_s, nobody writes Vd."""
+    ("direct"); no Vd_s, nobody writes Vd."""
     vd_writers: bool
     """Two otherwise idle load warps write Vd_s = exp(gc_last - gc) V: two output groups and a Vd_s."""
     value_writes_vd: bool
     """The value group writes Vd_s (with the delta rule after R and Vnew, then Vnew_s); else it is an output group
     (two_output_groups) or idles (the state pass alone with K^T V from the input slots)."""
-    gate_warp: bool
-    """The gate warp runs: a gate or the delta rule (its rows: gc, beta, D, or only Vd's rows' end mask)."""
     inputs: Ring
     """loaded / consumed: q, k, Kg, v, A, P, gc, beta, D from the load group to the groups that read them. Slots: as
     many as shared memory holds beside the fixed buffers, 2 to 4 (3 with the delta rule). Writers: the TMA warp
-    and the gate warp. Readers: the state group, the chunk's output group, a value group that writes Vd_s, the Vd
-    writers."""
+    and the gate warp (which zeroes a last chunk's tail rows first, module docstring). Readers: the state group,
+    the chunk's output group, a value group that writes Vd_s, the Vd writers."""
     S_ring: Ring | None
     """S_ready / S_read: S_s from the state group to the value group (delta rule) and the chunk's output group, two
     slots (the state never waits for Q S of the chunk it just left). None: S_s has no readers."""
@@ -205,7 +208,6 @@ class WsConfig:
         kv_from_inputs = direct_v(gate, delta)
         vd_writers = two_output_groups and not kv_from_inputs
         value_writes_vd = not two_output_groups and not kv_from_inputs
-        gate_warp = gate != "none" or delta
         S_readers = 1 if two_output_groups else int(delta) + int(store_output)  # warp groups reading S_s
         Vd_slots, Vn_slots = vd_slots(delta), 2 if block_DV <= 64 else 1
         S_ring = Ring("S_ready", "S_read", 2, GROUP, S_readers * GROUP) if S_readers else None
@@ -239,8 +241,8 @@ class WsConfig:
         return cls(
             K=K, V=V, gate=gate, delta=delta, block_DV=block_DV, store_output=store_output, NV=V // block_DV,
             scalar=scalar, channel=channel, two_output_groups=two_output_groups, kv_from_inputs=kv_from_inputs,
-            vd_writers=vd_writers, value_writes_vd=value_writes_vd, gate_warp=gate_warp,
-            inputs=Ring("loaded", "consumed", stages, 64 if gate_warp else 32,
+            vd_writers=vd_writers, value_writes_vd=value_writes_vd,
+            inputs=Ring("loaded", "consumed", stages, 64,
                         GROUP * (1 + int(store_output) + int(value_writes_vd)) + 64 * int(vd_writers)),
             S_ring=S_ring, Vd_ring=Vd_ring, Vn_ring=Vn_ring,
             shared=tuple(Shared(b.name, (stages, *b.shape), b.fp32) for b in slot) + tuple(fixed),
@@ -255,6 +257,8 @@ def allocate_shared(cfg: WsConfig, dtype: str) -> SimpleNamespace:
     for ring in cfg.rings:
         smem[ring.ready] = IRBuilder.name(ring.ready, T.alloc_barrier([ring.writers] * ring.slots))
         smem[ring.free] = IRBuilder.name(ring.free, T.alloc_barrier([ring.readers] * ring.slots))
+    # per input slot: a last chunk's tail buffers landed (the TMA warp's 32 arrivals and their bytes); once per CTA
+    smem["landed"] = IRBuilder.name("landed", T.alloc_barrier([32] * cfg.stages))
     return SimpleNamespace(**smem)
 
 
@@ -328,13 +332,6 @@ def chunk_fwd_ws_kernel(
                 for i, j in T.Parallel(K, block_DV):
                     S_f[i, j] = S_f[i, j] * smem.d_s[slot, i]
             if cfg.kv_from_inputs:
-                t0 = cta.t_start + c * C
-                if t0 + C > cta.t_end:  # the last chunk's rows past the end: K zeroed, so their V adds nothing
-                    for i, j in T.Parallel(C, K):
-                        if t0 + i >= cta.t_end:
-                            smem.k_s[slot, i, j] = 0
-                    T.fence_proxy_async()
-                    T.sync_threads(STATE_BARRIER, GROUP)
                 T.gemm(smem.k_s[slot, :, :], smem.v_s[slot, :, :], S_f, transpose_A=True)
             else:
                 T.barrier_wait(smem.Vd_ready[Vd_ring.slot(c)], Vd_ring.ready_parity(c))
@@ -423,24 +420,36 @@ def chunk_fwd_ws_kernel(
                              cta.t_end)
 
     @T.macro
+    def tail_row_loads(smem, cta, slot, t0, k, v, A, kg, barriers):
+        """The TMA loads of a chunk's tail buffers (k, v, A, Kg) into its input slot, on the slot's barrier of the
+        barrier buffer named `barriers`."""
+        T.tma_copy(k[cta.bb, t0 : t0 + C, cta.hq, :], smem.k_s[slot, :, :], barrier=getattr(smem, barriers)[slot])
+        T.tma_copy(v[cta.bb, t0 : t0 + C, cta.bh, cta.v0 : cta.v0 + block_DV], smem.v_s[slot, :, :],
+                   barrier=getattr(smem, barriers)[slot])
+        if delta:
+            T.tma_copy(A[cta.bb, t0 : t0 + C, cta.bh, :], smem.A_s[slot, :, :], barrier=getattr(smem, barriers)[slot])
+        if channel and delta:
+            T.tma_copy(kg[cta.bb, t0 : t0 + C, cta.bh, :], smem.kg_s[slot, :, :],
+                       barrier=getattr(smem, barriers)[slot])
+
+    @T.macro
     def tma_warp(smem, cta, q, k, v, A, kg, P):
         """The TMA loads of every chunk's q (for the output), k, v, A (delta rule), Kg (per-channel delta rule) and
-        P (per-channel gate, with output) into its input slot."""
+        P (per-channel gate, with output) into its input slot; a last chunk's tail buffers on `landed`, where the
+        gate warp zeroes their rows past the sequence end before it marks the slot loaded."""
         for c in T.serial(cta.n_chunks):
             slot = inputs.slot(c)
             t0 = cta.t_start + c * C
             T.barrier_wait(smem.consumed[slot], inputs.free_parity(c))
             if store_output:
                 T.tma_copy(q[cta.bb, t0 : t0 + C, cta.hq, :], smem.q_s[slot, :, :], barrier=smem.loaded[slot])
-            T.tma_copy(k[cta.bb, t0 : t0 + C, cta.hq, :], smem.k_s[slot, :, :], barrier=smem.loaded[slot])
-            T.tma_copy(v[cta.bb, t0 : t0 + C, cta.bh, cta.v0 : cta.v0 + block_DV], smem.v_s[slot, :, :],
-                       barrier=smem.loaded[slot])
-            if delta:
-                T.tma_copy(A[cta.bb, t0 : t0 + C, cta.bh, :], smem.A_s[slot, :, :], barrier=smem.loaded[slot])
-            if channel and delta:
-                T.tma_copy(kg[cta.bb, t0 : t0 + C, cta.bh, :], smem.kg_s[slot, :, :], barrier=smem.loaded[slot])
             if channel and store_output:
                 T.tma_copy(P[cta.bb, t0 : t0 + C, cta.bh, :], smem.Pg_s[slot, :, :], barrier=smem.loaded[slot])
+            if t0 + C > cta.t_end:
+                tail_row_loads(smem, cta, slot, t0, k, v, A, kg, "landed")
+                T.barrier_arrive(smem.landed[slot])
+            else:
+                tail_row_loads(smem, cta, slot, t0, k, v, A, kg, "loaded")
             T.barrier_arrive(smem.loaded[slot])
 
     @T.macro
@@ -461,9 +470,28 @@ def chunk_fwd_ws_kernel(
                 regs.d_r[u, e] = g[cta.tile0 + T.min(c, cta.n_chunks - 1), cta.bh, lane + 32 * e]
 
     @T.macro
+    def zero_tail_rows(smem, slot, rows):
+        """Zero the tail buffers' rows from `rows` on in an input slot (the gate warp)."""
+        for i, j in T.Parallel(C, K):
+            if i >= rows:
+                smem.k_s[slot, i, j] = 0
+        for i, j in T.Parallel(C, block_DV):
+            if i >= rows:
+                smem.v_s[slot, i, j] = 0
+        if delta:
+            for i, j in T.Parallel(C, C):
+                if i >= rows:
+                    smem.A_s[slot, i, j] = 0
+        if channel and delta:
+            for i, j in T.Parallel(C, K):
+                if i >= rows:
+                    smem.kg_s[slot, i, j] = 0
+
+    @T.macro
     def gate_warp(smem, cta, lane, g, beta):
         """Rows lane and lane + 32 of every chunk's gc, exp(gc), exp(gc_last - gc) (or only its end mask), beta
-        (0 past the sequence end) and D, from loads issued GATE_AHEAD chunks ahead into registers."""
+        (0 past the sequence end) and D, from loads issued GATE_AHEAD chunks ahead into registers; a last chunk's
+        tail buffers zeroed past the sequence end once they land."""
         # registers of the GATE_AHEAD chunks whose loads are in flight (chunk c in set c % GATE_AHEAD)
         g_r = T.alloc_local([GATE_AHEAD, C // 32], accum)
         beta_r = T.alloc_local([GATE_AHEAD, C // 32], accum)
@@ -493,6 +521,10 @@ def chunk_fwd_ws_kernel(
                     if channel:
                         for e in T.unroll(K // 32):
                             smem.d_s[slot, lane + 32 * e] = d_r[u, e]
+                    if t0 + C > cta.t_end:
+                        T.barrier_wait(smem.landed[slot], 0)
+                        zero_tail_rows(smem, slot, cta.t_end - t0)
+                        T.fence_proxy_async()
                     T.barrier_arrive(smem.loaded[slot])
                     fetch_gate_rows(u, c + GATE_AHEAD, regs, lane, cta, g, beta)
 
@@ -571,7 +603,7 @@ def chunk_fwd_ws_kernel(
                 T.set_max_nreg(LOAD_REGS, 0)
                 if tx < 3 * GROUP + 32:
                     tma_warp(smem, cta, q, k, v, A, kg, P)
-                elif tx < 3 * GROUP + 64 and cfg.gate_warp:
+                elif tx < 3 * GROUP + 64:
                     gate_warp(smem, cta, tx - (3 * GROUP + 32), g, beta)
                 elif cfg.vd_writers:  # the other two warps
                     vd_writers(smem, cta)
@@ -588,8 +620,7 @@ def input_stages(K, block_DV, gate, delta, store_output):
 
 def direct_v(gate, delta):
     """Whether the state group adds K^T V straight from the input slots (the plain update without a scalar gate:
-    Vd = V but for the rows past a sequence end, which go through K) instead of a written Vd_s: plan.update_rule's
-    "plain"."""
+    Vd = V, the tail rows of both zeroed as they land) instead of a written Vd_s: plan.update_rule's "plain"."""
     return update_rule(gate, delta) == "plain"
 
 
