@@ -132,7 +132,7 @@ def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
         return (xf * torch.rsqrt(xf.pow(2).sum(-1, keepdim=True) + eps)).to(x.dtype)
     hopper = _hopper(x)
     if hopper is not None and hopper.plan.l2norm_covers(hopper.DTYPE_NAMES.get(x.dtype), x.shape[-1]):
-        return hopper.l2norm(x, eps)
+        return hopper.l2_normalize(x, eps)
     dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
     inverse = torch.rsqrt(torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=dtype).square() + eps)
     return torch.mul(x, inverse, out=torch.empty_like(x))

@@ -90,12 +90,12 @@ def forward(plan: Plan, q, k, v, g, beta, initial_state=None, cu_seqlens=None, *
     return run(plan, q, k, v, g, beta, initial_state, cu_seqlens, A=A, gate_params=gate_params, gate_scale=gate_scale)
 
 
-def l2norm(x: torch.Tensor, eps: float) -> torch.Tensor:
+def l2_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
     """x / sqrt(sum x^2 + eps) over the last dim (launch.launch_l2norm) for x the kernel serves (plan.l2norm_covers)."""
     from .launch import launch_l2norm
 
     return launch_l2norm((x.shape[-1], DTYPE_NAMES[x.dtype]), x, eps)
 
 
-__all__ = ["Plan", "SegmentPlan", "available", "forward", "l2norm", "make_plan", "multiprocessors", "plan_call",
+__all__ = ["Plan", "SegmentPlan", "available", "forward", "l2_normalize", "make_plan", "multiprocessors", "plan_call",
            "CUMSUM_CONFIGS", "KKT_CONFIGS", "GLA_FACTORS_CONFIGS", "SEQ_COMBINE_CONFIGS", "L2NORM_CONFIGS"]
