@@ -43,7 +43,7 @@ the slot holds chunk c (a reader waits parity (c // n) % 2), "free" when its rea
 chunk c waits parity (c // n + 1) % 2, which a fresh barrier passes: the first n chunks do not wait):
     ready / free         writer -> readers               buffer                     n
     loaded / consumed    load -> the chunk's readers     q, k, v, A, gc, beta (D)   2 to 4, 3 delta rule (stages)
-    landed               TMA warp -> gate warp           a last chunk's tail bufs   per input slot, used once
+    landed               TMA warp -> gate warp           a last chunk's tail bufs   per slot (loaded[n + s]), once
     S_ready / S_read     state -> value, output          S_s                        2
     Vd_ready / Vd_read   value or Vd writers -> state    Vd_s                       1 delta rule, 2 plain update
     Vn_ready / Vn_read   value -> output                 Vnew_s (delta rule)        2 to block_DV = 64, 1 above
@@ -52,7 +52,7 @@ beside it in the output group, a chunk behind at most (two S_s slots: the state 
 just left), and the next chunk's loads beside both.
 
 Tails: the 64-row tiles of a sequence's last chunk hold the following sequences' rows (or TMA zeros past the tensor
-end). The TMA warp loads that chunk's tail buffers (k, v, A, Kg) on the slot's `landed` barrier; the gate warp waits
+end). The TMA warp loads that chunk's tail buffers (k, v, A, Kg) on the slot's "landed" barrier; the gate warp waits
 for them, zeroes their rows past the sequence end and only then marks the slot loaded, so no product a valid row
 takes (K S, Kg S, A R, K^T Vd, K^T V, P V, P Vnew) meets another sequence's values (0 x NaN is NaN: a mask by
 multiplication would let a non-finite input cross). The column side needs exact zeros too, and has them: A's entries
@@ -88,14 +88,14 @@ from .plan import update_rule
 GROUP = 128  # threads of a warp group
 GATES = ("none", "scalar", "channel")
 # registers per thread after setmaxnreg, 160 + 152 + 144 + 56 = 512 (65536 over 512 threads, 128 at launch): the
-# state group holds S (K x DV / 128 fp32); the load group's gate warp holds GATE_AHEAD chunks of gc / beta (48
-# spill under GDN at DV 64 and 128); the compile test fails on any spill
+# state group holds S (K x DV / 128 fp32); the load group's gate warp holds GATE_AHEAD chunks of gc / beta (with
+# three, GDN at DV 128 in fp16 spills since the tail rows' zeroing); the compile test fails on any spill
 STATE_REGS = 160
 VALUE_REGS = 152
 OUTPUT_REGS = 144
 LOAD_REGS = 56
 SHARED_BYTES = 226 * 1024  # of the 227 KiB a CTA may take, 1 KiB left for barriers and alignment
-GATE_AHEAD = 3  # chunks whose gate loads (gc, beta, D) the gate warp keeps in flight
+GATE_AHEAD = 2  # chunks whose gate loads (gc, beta, D) the gate warp keeps in flight
 
 
 @dataclass(frozen=True)
@@ -255,10 +255,12 @@ def allocate_shared(cfg: WsConfig, dtype: str) -> SimpleNamespace:
     smem = {buffer.name: IRBuilder.name(buffer.name, T.alloc_shared(buffer.shape, "float32" if buffer.fp32 else dtype))
             for buffer in cfg.shared}
     for ring in cfg.rings:
-        smem[ring.ready] = IRBuilder.name(ring.ready, T.alloc_barrier([ring.writers] * ring.slots))
+        # after the input slots' "loaded" barriers, one "landed" per slot (loaded[slots + s]): a last chunk's tail
+        # buffers landed (the TMA warp's 32 arrivals and their bytes), used once per CTA; one buffer, so that the
+        # TMA warp picks either by index
+        landed = [32] * ring.slots if ring is cfg.inputs else []
+        smem[ring.ready] = IRBuilder.name(ring.ready, T.alloc_barrier([ring.writers] * ring.slots + landed))
         smem[ring.free] = IRBuilder.name(ring.free, T.alloc_barrier([ring.readers] * ring.slots))
-    # per input slot: a last chunk's tail buffers landed (the TMA warp's 32 arrivals and their bytes); once per CTA
-    smem["landed"] = IRBuilder.name("landed", T.alloc_barrier([32] * cfg.stages))
     return SimpleNamespace(**smem)
 
 
@@ -420,22 +422,9 @@ def chunk_fwd_ws_kernel(
                              cta.t_end)
 
     @T.macro
-    def tail_row_loads(smem, cta, slot, t0, k, v, A, kg, barriers):
-        """The TMA loads of a chunk's tail buffers (k, v, A, Kg) into its input slot, on the slot's barrier of the
-        barrier buffer named `barriers`."""
-        T.tma_copy(k[cta.bb, t0 : t0 + C, cta.hq, :], smem.k_s[slot, :, :], barrier=getattr(smem, barriers)[slot])
-        T.tma_copy(v[cta.bb, t0 : t0 + C, cta.bh, cta.v0 : cta.v0 + block_DV], smem.v_s[slot, :, :],
-                   barrier=getattr(smem, barriers)[slot])
-        if delta:
-            T.tma_copy(A[cta.bb, t0 : t0 + C, cta.bh, :], smem.A_s[slot, :, :], barrier=getattr(smem, barriers)[slot])
-        if channel and delta:
-            T.tma_copy(kg[cta.bb, t0 : t0 + C, cta.bh, :], smem.kg_s[slot, :, :],
-                       barrier=getattr(smem, barriers)[slot])
-
-    @T.macro
     def tma_warp(smem, cta, q, k, v, A, kg, P):
         """The TMA loads of every chunk's q (for the output), k, v, A (delta rule), Kg (per-channel delta rule) and
-        P (per-channel gate, with output) into its input slot; a last chunk's tail buffers on `landed`, where the
+        P (per-channel gate, with output) into its input slot; a last chunk's tail buffers on "landed", where the
         gate warp zeroes their rows past the sequence end before it marks the slot loaded."""
         for c in T.serial(cta.n_chunks):
             slot = inputs.slot(c)
@@ -445,11 +434,16 @@ def chunk_fwd_ws_kernel(
                 T.tma_copy(q[cta.bb, t0 : t0 + C, cta.hq, :], smem.q_s[slot, :, :], barrier=smem.loaded[slot])
             if channel and store_output:
                 T.tma_copy(P[cta.bb, t0 : t0 + C, cta.bh, :], smem.Pg_s[slot, :, :], barrier=smem.loaded[slot])
+            bar = slot + inputs.slots * T.if_then_else(t0 + C > cta.t_end, 1, 0)  # landed for a tail, else loaded
+            T.tma_copy(k[cta.bb, t0 : t0 + C, cta.hq, :], smem.k_s[slot, :, :], barrier=smem.loaded[bar])
+            T.tma_copy(v[cta.bb, t0 : t0 + C, cta.bh, cta.v0 : cta.v0 + block_DV], smem.v_s[slot, :, :],
+                       barrier=smem.loaded[bar])
+            if delta:
+                T.tma_copy(A[cta.bb, t0 : t0 + C, cta.bh, :], smem.A_s[slot, :, :], barrier=smem.loaded[bar])
+            if channel and delta:
+                T.tma_copy(kg[cta.bb, t0 : t0 + C, cta.bh, :], smem.kg_s[slot, :, :], barrier=smem.loaded[bar])
             if t0 + C > cta.t_end:
-                tail_row_loads(smem, cta, slot, t0, k, v, A, kg, "landed")
-                T.barrier_arrive(smem.landed[slot])
-            else:
-                tail_row_loads(smem, cta, slot, t0, k, v, A, kg, "loaded")
+                T.barrier_arrive(smem.loaded[bar])
             T.barrier_arrive(smem.loaded[slot])
 
     @T.macro
@@ -521,12 +515,17 @@ def chunk_fwd_ws_kernel(
                     if channel:
                         for e in T.unroll(K // 32):
                             smem.d_s[slot, lane + 32 * e] = d_r[u, e]
-                    if t0 + C > cta.t_end:
-                        T.barrier_wait(smem.landed[slot], 0)
-                        zero_tail_rows(smem, slot, cta.t_end - t0)
-                        T.fence_proxy_async()
-                    T.barrier_arrive(smem.loaded[slot])
+                    if t0 + C <= cta.t_end:  # a tail's slot is marked loaded below, once its rows are zeroed
+                        T.barrier_arrive(smem.loaded[slot])
                     fetch_gate_rows(u, c + GATE_AHEAD, regs, lane, cta, g, beta)
+        # the last chunk when it is a tail, after the loop: the gate registers are dead there, so the zeroing's
+        # address arithmetic fits the load group's register budget
+        last = cta.t_start + (cta.n_chunks - 1) * C
+        if cta.n_chunks > 0 and last + C > cta.t_end:
+            T.barrier_wait(smem.loaded[inputs.slots + inputs.slot(cta.n_chunks - 1)], 0)
+            zero_tail_rows(smem, inputs.slot(cta.n_chunks - 1), cta.t_end - last)
+            T.fence_proxy_async()
+            T.barrier_arrive(smem.loaded[inputs.slot(cta.n_chunks - 1)])
 
     @T.macro
     def vd_writers(smem, cta):
