@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 import warnings
+
 import torch
 import torch.nn.functional as F
 
