@@ -129,8 +129,8 @@ def _passes(K):
                          else f"{'+'.join(map(str, x[0]))}x{x[1]}_K{x[4]}")
 def test_kda_state_passes_against_float64_reference(case, state_pass):
     """The per-channel delta rule through the plan's stages on either state pass: the loop pass reads gc and A;
-    the warp-specialised pass (cumsum, kkt_solve, gla_factors with Kg, then the pass with Kg and P in their own
-    input slots) at every DV block it is built for."""
+    the warp-specialised pass (kkt_solve and gla_factors with Kg, each summing the raw gate in its tile, then the
+    pass with Kg and P in their own input slots) at every DV block it is built for."""
     from tilela.kernels import hopper
 
     lengths, B, H, HV, K, dtype = case
@@ -140,8 +140,8 @@ def test_kda_state_passes_against_float64_reference(case, state_pass):
     plan = hopper.plan_call(d["q"], d["v"], d["g"], d["beta"], K**-0.5, gate="channel",
                             lengths=list(lengths) * B, initial_state=True, output_final_state=True,
                             varlen=x["cu_seqlens"] is not None, kernel=kernel, block_DV=block)
-    factors = (K, hopper.DTYPE_NAMES[dtype], False, True) if kernel == "ws" else None
-    assert plan.output.kernel == kernel and plan.factors == factors
+    factors = (K, hopper.DTYPE_NAMES[dtype], ("float32", "log"), True) if kernel == "ws" else None
+    assert plan.output.kernel == kernel and plan.factors == factors and (plan.cumsum is None) == (kernel == "ws")
     o, S = hopper.forward(plan, d["q"], d["k"], d["v"], d["g"], d["beta"], d["initial_state"], d["cu_seqlens"])
     ref_o, ref_S = reference.chunked(x["q"], x["k"], x["v"], g=x["g"], beta=x["beta"],
                                      initial_state=x["initial_state"], cu_seqlens=x["cu_seqlens"])

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from tilela import reference
+from tilela._gates import apply_gate
 from tilela.bench import rel_l2
 
 pytestmark = pytest.mark.gpu
@@ -136,6 +137,37 @@ def test_kkt_solve_per_channel_gate(chunk, method, dtype, kind):
                           launch.Schedule.of(k_dev, None if cu is None else cu.to(DEV)))
     ref = reference.kkt_solve(k, beta, gc, chunk, cu)
     assert A.dtype == dtype and A.shape == (B, T, HV, chunk)
+    assert torch.isfinite(A).all()
+    assert offdiag_err(A, ref, cu) < TOL[dtype]
+
+
+@pytest.mark.parametrize("g_dtype,form", [(torch.float32, "log"), (torch.bfloat16, "log"), (torch.bfloat16, "sigmoid"),
+                                          (torch.float16, "sigmoid")])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_kkt_solve_per_channel_raw_gate(g_dtype, form, dtype):
+    """KDA's plan: kkt_solve sums the raw gate in its tile (the log gate, or the bounded sigmoid form from its input
+    with lower bound -5), varlen with 1-token sequences, GVA 2; against the float64 stack from the same gate."""
+    gen = torch.Generator().manual_seed(len(form) + (g_dtype == torch.bfloat16))
+    B, T, cu = layout("varlen", gen)
+    H, HV, K = 2, 4, 128
+    k, beta = make_inputs(B, T, H, HV, K, dtype, gen)
+    params, lower = None, None
+    if form == "log":
+        raw = torch.nn.functional.logsigmoid(2 * torch.randn(B, T, HV, K, generator=gen) - 1).clamp_min(-5)
+        raw[..., : K // 4] = 0
+        raw = raw.to(g_dtype)
+        g = raw.double()
+    else:
+        raw = (4 * torch.randn(B, T, HV, K, generator=gen)).to(g_dtype)
+        params = torch.stack((torch.rand(HV, K, generator=gen) + 0.5, torch.randn(HV, K, generator=gen)))
+        lower = -5.0
+        g = apply_gate(raw.double(), form, params.double(), lower)
+    key = plan.kkt_key(64, "blocked", hopper.DTYPE_NAMES[dtype], "channel", HV // H,
+                       (hopper.DTYPE_NAMES[g_dtype], form))
+    k_dev = k.to(DEV)
+    A = launch.launch_kkt(key, k_dev, beta.to(DEV), raw.to(DEV), launch.Schedule.of(k_dev, cu.to(DEV)),
+                          None if params is None else params.to(DEV), lower)
+    ref = reference.kkt_solve(k, beta, reference.chunk_local_cumsum(g, 64, cu), 64, cu)
     assert torch.isfinite(A).all()
     assert offdiag_err(A, ref, cu) < TOL[dtype]
 

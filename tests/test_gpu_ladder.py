@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from tilela import reference
+from tilela._gates import apply_gate
 from tilela.bench import rel_l2
 
 # one xdist worker takes the whole module: its fixture already spreads the jobs over a process per core
@@ -135,24 +136,33 @@ def test_level_matches_reference(errors, job):
     assert err_s < TOL, f"final state rel L2 {err_s:.3e}"
 
 
-@pytest.mark.parametrize("cumsum,delta", [(False, False), (True, False), (False, True)],
-                         ids=["gc-in", "raw-gate", "kda-gc-in"])
+@pytest.mark.parametrize("gate_in,delta", [(None, False), (("float32", "log"), False), (None, True),
+                                           (("bfloat16", "sigmoid"), True), (("float32", "log"), True)],
+                         ids=["gc-in", "raw-gate", "kda-gc-in", "kda-raw-sigmoid", "kda-raw-log"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_gla_factors_match_reference(case, cumsum, delta):
+def test_gla_factors_match_reference(case, gate_in, delta):
     """Qg, Kd, P and D of every chunk (chunks from each sequence start) against the float64 gated factors, from gc
-    or from the raw gate (summed in the kernel), and KDA's Kg = K ⊙ exp(gc); make_inputs' gates (down to -5 per
-    token) put tiles on both score paths (one product, and sub-chunks where a channel decays by more than e^-80
-    over the tile)."""
+    or from the raw gate summed in the kernel (GLA's log gate; KDA's log and bounded sigmoid forms, the sigmoid's
+    input in bf16), and KDA's Kg = K ⊙ exp(gc); make_inputs' gates (down to -5 per token) put tiles on both score
+    paths (one product, and sub-chunks where a channel decays by more than e^-80 over the tile)."""
     c = CASES[case]
     B, T, HV, K, dtype = c["B"], c["T"], c["HV"], c["K"], c["dtype"]
     q, k, _, g, _, _ = make_inputs(B, T, c["H"], HV, K, dtype, "channel", seed=1)
     cu = c.get("cu_seqlens")
+    g_in, params, lower = g.float(), None, None
+    if gate_in is not None and gate_in[1] == "sigmoid":  # FLA's bounded gate from its input
+        gen = torch.Generator().manual_seed(2)
+        g_in = (4 * torch.randn(B, T, HV, K, generator=gen)).to(torch.bfloat16)
+        params = torch.stack((torch.rand(HV, K, generator=gen) + 0.5, torch.randn(HV, K, generator=gen)))
+        lower = -5.0
+        g = apply_gate(g_in.double(), "sigmoid", params.double(), lower)
     gc = reference.chunk_local_cumsum(g, 64, cu_seqlens=None if cu is None else torch.tensor(cu))
     scale = K**-0.5
     q_d = q.cuda()
     sched = launch.Schedule.of(q_d, None if cu is None else torch.tensor(cu, dtype=torch.int32).cuda())
-    Qg, Kd, Kg, P, D = launch.launch_factors((K, hopper.DTYPE_NAMES[dtype], cumsum, delta), q_d, k.cuda(),
-                                             (g if cumsum else gc).float().cuda(), scale, sched)
+    Qg, Kd, Kg, P, D = launch.launch_factors((K, hopper.DTYPE_NAMES[dtype], gate_in, delta), q_d, k.cuda(),
+                                             (gc.float() if gate_in is None else g_in).cuda(), scale, sched,
+                                             None if params is None else params.cuda(), lower)
     G = HV // c["H"]
     qv, kv = (x.double().repeat_interleave(G, dim=2) for x in (q, k))  # value head h reads q/k head h // G
     ref = [torch.zeros(B, T, HV, n, dtype=torch.float64) for n in (K, K, 64)]

@@ -163,10 +163,11 @@ def test_kda_takes_the_hopper_kernels_only_with_safe_gate(fake_hopper):
         tilela.chunk_gated_delta_rule(q, k, v, g[..., 0], beta)
 
 
-def test_in_kernel_gates_reach_the_cumsum_stage_raw(monkeypatch):
-    """GDN's and KDA's in-kernel gate reach the Hopper pipeline as FLA's raw input: the plan's cumsum stage forms the
-    log gate (tilela._gates.apply_gate: its form, (exp(A_log), dt_bias) per gate column, KDA's lower bound), eagerly
-    and through the custom op."""
+def test_in_kernel_gates_reach_the_gate_stages_raw(monkeypatch):
+    """GDN's and KDA's in-kernel gate reach the Hopper pipeline as FLA's raw input: the plan's stage that sums the
+    gate forms the log gate (tilela._gates.apply_gate: its form, (exp(A_log), dt_bias) per gate column, KDA's lower
+    bound): GDN's cumsum stage, KDA's kkt_solve and gla_factors (no cumsum stage); eagerly and through the custom
+    op."""
     from types import SimpleNamespace
 
     from tilela import _gates
@@ -199,8 +200,13 @@ def test_in_kernel_gates_reach_the_cumsum_stage_raw(monkeypatch):
             "softplus": -a * F.softplus(raw[..., 0].double() + dt_bias[:2].double())}
     assert len(calls) == 4
     for plan_, g, params, lower in calls:
-        form = plan_.cumsum[2]
-        assert plan_.cumsum == (64, "bfloat16", form) and g.dtype == torch.bfloat16
+        if plan_.gate == "channel":
+            form = plan_.kkt[5][1]
+            assert plan_.cumsum is None and plan_.kkt[5] == plan_.factors[2] == ("bfloat16", form)
+        else:
+            form = plan_.cumsum[2]
+            assert plan_.cumsum == (64, "bfloat16", form)
+        assert g.dtype == torch.bfloat16
         assert (lower == -5.0) if form == "sigmoid" else lower is None
         assert rel_l2(_gates.apply_gate(g.double(), form, params.double(), lower), want[form]) < 1e-6
 

@@ -85,7 +85,7 @@ def _ours(case, x):
 
 
 def _ours_loop(case, x):
-    """The bounded form through the plan's stages (the gate formed in the cumsum stage, as chunk_kda does) with the
+    """The bounded form through the plan's stages (the gate formed in the cumsum stage, the loop pass's gc) with the
     single-warp-group pass; None for the unbounded form, which the kernels' contract excludes."""
     from tilela.kernels import hopper
     from tilela.ops import in_kernel_gate

@@ -10,9 +10,11 @@ the kernels can run on given tensors.
 The static configurations we ship, each compiled by the tests (tests/test_compile*.py) and by `benchmarks/
 precompile.py`; token counts, head counts, K (cumsum, kkt_solve) and varlen layouts are symbolic:
     chunk_local_cumsum_kernel(chunk, g dtype, gate form): "log" at every chunk, FLA's in-kernel gate forms at 64
-    kkt_solve_kernel(chunk, method, k dtype, gate kind, value heads per pass); "blocked" at chunk 16 is the plain
-    in-place forward substitution of the 16x16 block (no coupling level)
-    gla_factors_kernel(K, q/k dtype, whether it sums the raw gate itself, whether it writes KDA's Kg)
+    kkt_solve_kernel(chunk, method, k dtype, gate kind, value heads per pass, gate_in); "blocked" at chunk 16 is the
+    plain in-place forward substitution of the 16x16 block (no coupling level); gate_in (g dtype, gate form) where
+    the per-channel gate's raw input is summed in the tile (KDA's forms: the log gate and the bounded sigmoid)
+    gla_factors_kernel(K, q/k dtype, gate_in, whether it writes KDA's Kg): gate_in None (gc), or the raw gate of
+    GLA's log form or KDA's forms
     seq_combine_kernel(K, V, gate kind, whether an initial state is read): the plain update's sequence split
     l2norm_kernel(K, q/k dtype): use_qk_l2norm_in_kernel
     the state passes: plan.PassConfig.args for every (K, gate, update rule, dtype, switches, tiles) a plan can hold
@@ -31,17 +33,20 @@ DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float
 CUMSUM_CONFIGS = [(C, d, "log") for C in (16, 32, 64) for d in ("float32", *HALF)] + [
     (CHUNK, d, form) for form in ("softplus", "sigmoid") for d in ("float32", *HALF)]
 KKT_METHODS = [(16, "blocked"), (32, "blocked"), (64, "blocked"), (16, "neumann"), (32, "neumann"), (64, "neumann")]
-GLA_FACTORS_CONFIGS = [(K, d, cumsum, False) for K in (64, 128) for d in HALF for cumsum in (False, True)] + [
-    (K, d, False, True) for K in (64, 128) for d in HALF]
+GATE_DTYPES = ("float32", *HALF)
+KDA_FORMS = ("log", "sigmoid")
+GLA_FACTORS_CONFIGS = [(K, d, gate_in, delta) for K in (64, 128) for d in HALF for delta in (False, True)
+                       for gate_in in (None, *((gd, form) for gd in GATE_DTYPES
+                                               for form in (KDA_FORMS if delta else ("log",))))]
 SEQ_COMBINE_CONFIGS = [(K, K, gate, h0) for K in (64, 128) for gate in ("none", "scalar") for h0 in (False, True)]
 L2NORM_CONFIGS = [(K, d) for K in L2NORM_DIMS for d in HALF]
 KKT_CONFIGS = [
-    (C, m, d, gate, pair)
+    (C, m, d, gate, pair, None)
     for C, m in KKT_METHODS
     for d in HALF
     for gate in ("none", "scalar", "channel")
     for pair in ((1,) if gate == "channel" else (1, 2))
-]
+] + [(CHUNK, "blocked", d, "channel", 1, (gd, form)) for d in HALF for gd in GATE_DTYPES for form in KDA_FORMS]
 
 
 @functools.lru_cache(maxsize=None)

@@ -6,6 +6,9 @@ and cumsum kernels want several small CTAs per SM instead).
 
 exp_e: exp through exp2 (gates are log-space, natural base).
 
+log_gate / gate_tile: a gate column's log gate from FLA's in-kernel gate input, and a tile's chunk-local cumsum formed
+in shared memory (the per-channel stages read the raw gate once instead of a float32 gc from global memory).
+
 locate_tile: the varlen schedule without host synchronisation. Tile slot s of a grid of floor(T / 64) + N slots
 belongs to the last sequence n with floor(cu[n] / 64) + n <= s and starts at cu[n] + 64 (s - floor(cu[n] / 64) - n).
 The map n -> floor(cu[n] / 64) + n is strictly increasing and leaves room for ceil(len_n / 64) tiles between
@@ -35,6 +38,51 @@ def floor_log_gate(g):
     """g clamped from below at tilela._gates.LOG_GATE_FLOOR before any cumsum of raw gates (-inf included; a NaN
     gate stays NaN, as torch.clamp keeps it: a select, not fmaxf, which would drop the NaN)."""
     return T.if_then_else(g < LOG_GATE_FLOOR, LOG_GATE_FLOOR, g)
+
+
+def log_gate(x, a, b, form: str):
+    """The log gate of one gate column from g's value x (float32) and the column's (a, b) (tilela._gates):
+        "log" x,   "softplus" -a softplus(x + b),   "sigmoid" sigmoid(a (x + b))
+    (the sigmoid form's lower bound is the caller's scale on the sum)."""
+    if form == "softplus":  # softplus(y) = max(y, 0) + log1p(exp(-|y|)): no overflow for large y; log1p keeps small
+        # softplus values (y << 0, GDN's usual range) to float32's relative precision, where fast math's log(1 + e)
+        # would keep them to an absolute 4e-7
+        return -a * (T.max(x + b, 0.0) + T.log1p(exp_e(-T.abs(x + b))))
+    if form == "sigmoid":
+        return 1.0 / (1.0 + exp_e(-a * (x + b)))
+    return x
+
+
+SCAN_UNROLL = 8  # rows of a column scan whose loads are in flight at once
+
+
+@T.macro
+def gate_tile(g, params, scale, start, end, hv, width, g_s, ab_s, acc, form):
+    """g_s[i, d] <- log2(e) gc of token start + i, value head hv, key channel d < width (0 for d >= width), for the
+    64 rows of a tile: one chunk from start, rows past the sequence end holding its last row's gc.
+    form None: g [1, T, HV, width] is gc already (float32). Else g is the raw gate input of that form (log_gate;
+    params [2, HV * width] its (a, b) per column hv * width + d, scale the factor on the sum, the sigmoid form's
+    lower bound): floored (floor_log_gate) as it lands, then summed along each column by one thread per key channel
+    (SCAN_UNROLL loads in flight ahead of the adds). ab_s: [2, >= width] float32 shared scratch; acc: a (1,) float32 local."""
+    cols = g_s.shape[1]
+    if form is None:
+        for i, d in T.Parallel(TILE, cols):
+            g_s[i, d] = T.if_then_else(d < width, g[0, T.min(start + i, end - 1), hv, d] * LOG2E, 0.0)
+    else:
+        if form != "log":
+            for s, d in T.Parallel(2, cols):
+                ab_s[s, d] = T.if_then_else(d < width, params[s, hv * width + d], 0.0)
+        floored = (lambda x: x) if form == "sigmoid" else floor_log_gate  # a sigmoid is >= 0 (NaN stays either way)
+        for i, d in T.Parallel(TILE, cols):
+            g_s[i, d] = T.if_then_else(start + i < end and d < width, floored(
+                log_gate(T.cast(g[0, start + i, hv, d], "float32"), ab_s[0, d], ab_s[1, d], form)), 0.0)
+        tx = T.get_thread_binding()
+        if tx < width:
+            acc[0] = 0.0
+            for i0 in T.serial(TILE // SCAN_UNROLL):  # rows past the end add 0: they keep the last row's sum
+                for i1 in T.unroll(SCAN_UNROLL):
+                    acc[0] += g_s[i0 * SCAN_UNROLL + i1, tx]
+                    g_s[i0 * SCAN_UNROLL + i1, tx] = acc[0] * (scale * LOG2E)
 
 
 SUB = 16  # rows of a sub-chunk of the per-channel scores

@@ -23,20 +23,9 @@ from the sequence start.
 import tilelang.language as T
 
 from ..._gates import GATE_FORMS
-from .common import TILE, exp_e, floor_log_gate, locate_tile
+from .common import TILE, floor_log_gate, locate_tile, log_gate
 
 COLUMNS = 128  # columns (threads) per CTA
-
-
-def log_gate(x, a, b, form: str):
-    """f(x) of the module docstring, in float32, for a column's (a, b)."""
-    if form == "softplus":  # softplus(y) = max(y, 0) + log1p(exp(-|y|)): no overflow for large y; log1p keeps small
-        # softplus values (y << 0, GDN's usual range) to float32's relative precision, where fast math's log(1 + e)
-        # would keep them to an absolute 4e-7
-        return -a * (T.max(x + b, 0.0) + T.log1p(exp_e(-T.abs(x + b))))
-    if form == "sigmoid":
-        return 1.0 / (1.0 + exp_e(-a * (x + b)))
-    return x
 
 
 def chunk_local_cumsum_kernel(chunk: int, dtype: str, form: str = "log") -> T.PrimFunc:

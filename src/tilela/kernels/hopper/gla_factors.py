@@ -14,10 +14,9 @@ gate "channel") runs the scalar gate's chain: no score product and no [64, K] ex
 only the per-row decay D of S.
 
 One CTA of 128 threads per (64-row tile, value head): tiles come from common.locate_tile (varlen without host
-synchronisation), chunks are tiles, D is indexed by tile slot. With cumsum the kernel reads the raw gate, floors it
-(common.floor_log_gate) and sums it along each column of the tile itself (one thread per key channel, as
-hopper/cumsum.py), so gc never goes through global memory; else it reads gc. Rows past the sequence end hold gc of
-its last row.
+synchronisation), chunks are tiles, D is indexed by tile slot. The gc tile comes from common.gate_tile: summed in
+the tile from the raw gate (any gate form, so gc never goes through global memory) or read as gc. Rows past the
+sequence end hold gc of its last row.
 
 The scores, two ways, chosen per tile:
   - the tile decays by at most e^-80 in every channel (gc_last >= -80): one 64x64 product of (Q ⊙ exp gc) and
@@ -32,28 +31,31 @@ leave in the input dtype, as does P. Rows past the sequence end are not stored: 
 
 import tilelang.language as T
 
-from .common import LOG2E, TILE, channel_score_dtype, floor_log_gate, locate_tile, subchunk_scores
+from .common import LOG2E, TILE, channel_score_dtype, gate_tile, locate_tile, subchunk_scores
 
 THREADS = 128
 DECAY_LIMIT = 80.0  # the one-product scores while no channel decays by more than e^-80 over the tile
 
 
-def gla_factors_kernel(K: int, dtype: str, cumsum: bool, delta: bool = False) -> T.PrimFunc:
-    """Build the prim_func for static (K, input dtype, whether g is the raw gate to sum here or gc already, whether
-    the delta rule's Kg is written too; else Kg is a one-element placeholder); tokens, heads (GVA ratio G = HV / H)
-    and the varlen layout are symbolic, scale a run-time argument."""
+def gla_factors_kernel(K: int, dtype: str, gate_in: tuple | None, delta: bool = False) -> T.PrimFunc:
+    """Build the prim_func for static (K, input dtype, gate_in, whether the delta rule's Kg is written too; else Kg
+    is a one-element placeholder). gate_in: None when g is the float32 chunk-local cumsum, else (g dtype, gate form)
+    of the raw gate summed here (common.gate_tile, with params and gate_scale; placeholders otherwise). Tokens,
+    heads (GVA ratio G = HV / H) and the varlen layout are symbolic, scale a run-time argument."""
     if K > THREADS:
         raise ValueError(f"K: one thread sums each key channel, so K <= {THREADS}, got {K}")
     C = TILE
     score_dtype = channel_score_dtype(dtype)
-    num_tokens, H, HV, num_bounds, NSL = T.dynamic("num_tokens, H, HV, num_bounds, NSL")
+    num_tokens, H, HV, num_bounds, NSL, num_params = T.dynamic("num_tokens, H, HV, num_bounds, NSL, num_params")
     accum = "float32"
+    g_dtype, form = (accum, None) if gate_in is None else gate_in
 
     @T.prim_func
     def gla_factors(
         q: T.Tensor((1, num_tokens, H, K), dtype),
         k: T.Tensor((1, num_tokens, H, K), dtype),
-        g: T.Tensor((1, num_tokens, HV, K), accum),
+        g: T.Tensor((1, num_tokens, HV, K), g_dtype),
+        params: T.Tensor((2, num_params), accum),
         cu_seqlens: T.Tensor((num_bounds,), "int32"),
         Qg: T.Tensor((1, num_tokens, HV, K), dtype),
         Kd: T.Tensor((1, num_tokens, HV, K), dtype),
@@ -61,24 +63,25 @@ def gla_factors_kernel(K: int, dtype: str, cumsum: bool, delta: bool = False) ->
         P: T.Tensor((1, num_tokens, HV, C), dtype),
         D: T.Tensor((NSL, HV, K), accum),
         scale: T.float32,
+        gate_scale: T.float32,
         num_slots: T.int32,
         dense_len: T.int32,
         search_steps: T.int32,
     ):
         with T.Kernel(num_slots, HV, threads=THREADS) as (slot, hv):
-            tx = T.get_thread_binding()
             hq = T.alloc_var("int32")
             hq = hv // (HV // H)
             bounds = T.alloc_local((2,), "int32")
             locate_tile(slot, cu_seqlens, num_bounds, dense_len, search_steps, bounds)
             start = bounds[0]
             end = bounds[1]
-            acc = T.alloc_var(accum)
+            acc = T.alloc_local((1,), accum)
             least = T.alloc_var(accum)
             if start < end:
                 q_s = T.alloc_shared((C, K), dtype)
                 k_s = T.alloc_shared((C, K), dtype)
                 g_s = T.alloc_shared((C, K), accum)  # gc * log2(e); rows past the end hold the last row's
+                ab_s = T.alloc_shared((2, K), accum)  # gate_in's (a, b) of the value head's columns
                 Qr_s = T.alloc_shared((C, K), score_dtype)  # the scores' query operand
                 Kr_s = T.alloc_shared((C, K), score_dtype)  # the scores' key operand
                 P_f = T.alloc_fragment((C, C), accum)
@@ -86,17 +89,7 @@ def gla_factors_kernel(K: int, dtype: str, cumsum: bool, delta: bool = False) ->
 
                 T.copy(q[0, start : start + C, hq, :], q_s)
                 T.copy(k[0, start : start + C, hq, :], k_s)
-                if cumsum:  # rows past the end add 0: they end up with the last row's sum
-                    for i, d in T.Parallel(C, K):
-                        g_s[i, d] = T.if_then_else(start + i < end, floor_log_gate(g[0, start + i, hv, d]), 0.0)
-                    if tx < K:
-                        acc = 0.0
-                        for i in T.serial(C):
-                            acc += g_s[i, tx]
-                            g_s[i, tx] = acc * LOG2E
-                else:
-                    for i, d in T.Parallel(C, K):
-                        g_s[i, d] = g[0, T.min(start + i, end - 1), hv, d] * LOG2E
+                gate_tile(g, params, gate_scale, start, end, hv, K, g_s, ab_s, acc, form)
                 for i, d in T.Parallel(C, K):
                     if start + i < end:
                         Qg[0, start + i, hv, d] = q_s[i, d] * T.exp2(g_s[i, d])
@@ -106,7 +99,7 @@ def gla_factors_kernel(K: int, dtype: str, cumsum: bool, delta: bool = False) ->
                 for d in T.Parallel(K):
                     D[slot, hv, d] = T.exp2(g_s[C - 1, d])
                 least = 0.0
-                for d in T.serial(K):
+                for d in T.unroll(K):
                     least = T.min(least, g_s[C - 1, d])
                 if least >= -DECAY_LIMIT * LOG2E:  # one product: the tile's factors stay below e^80
                     for i, d in T.Parallel(C, K):

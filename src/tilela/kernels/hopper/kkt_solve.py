@@ -11,7 +11,9 @@ One CTA owns a 64-row tile of one sequence and one q/k head: K K^T is formed onc
 accumulator), its ten lower 16x16 blocks are kept in shared memory, and the head's G value heads are processed
 P at a time from them (P = 2 when G is even: the forward substitution then keeps all 128 threads busy). With a
 per-key-channel gate (KDA: Gamma_ijd = exp(g_id - g_jd)) the scores differ per value head: each value head forms
-its own ten blocks, one 64x64 product per 16-row block against a reference gate (gated_kkt), P = 1. A tile
+its own ten blocks, one 64x64 product per 16-row block against a reference gate (gated_kkt), P = 1, from a gc tile
+in shared memory read once per value head, or summed there from the raw gate (common.gate_tile: then no float32
+gc goes through global memory; chunk 64). A tile
 holds 64 / C independent chunks, so the tile matrix is block diagonal with C x C blocks, each inverted by the
 recursion of seed 000:
 
@@ -34,30 +36,39 @@ Rows past a sequence end are masked (select, not multiply) so any finite or zero
 import tilelang
 import tilelang.language as T
 
-from .common import LOG2E, TILE, channel_score_dtype, locate_tile
+from .common import LOG2E, TILE, channel_score_dtype, gate_tile, locate_tile
 
 BLOCK = 16  # diagonal block size of the recursion
 KSTEP = 128  # K columns per GEMM step (one step for K <= 128)
 THREADS = 128
 ACC = "float32"
 MIN_BLOCKS = 4  # caps registers at 128 per thread: four CTAs per SM (shared memory allows it too)
+CHANNEL_MIN_BLOCKS = 2  # per-channel gate: its gc and score tiles leave room for two CTAs at most (bf16), so no cap
 
 
-def kkt_solve_kernel(chunk: int, method: str, dtype: str, gate: str, pair: int) -> T.PrimFunc:
-    """Build the prim_func for static (chunk, method, dtype, gate, pair); gate "none", "scalar" or "channel" (per
-    key channel, KDA: one value head per pass). Every size (tokens, heads, K, sequences) is symbolic, so a new T,
-    head count or varlen layout reuses the compiled kernel."""
+def kkt_solve_kernel(chunk: int, method: str, dtype: str, gate: str, pair: int, gate_in: tuple | None = None
+                     ) -> T.PrimFunc:
+    """Build the prim_func for static (chunk, method, dtype, gate, pair, gate_in); gate "none", "scalar" or
+    "channel" (per key channel, KDA: one value head per pass, K <= 128). gate_in (per-channel gate, chunk 64 only):
+    None when g is the float32 chunk-local cumsum, else (g dtype, gate form) of the raw gate the tile sums itself
+    (common.gate_tile, with params and gate_scale; placeholders otherwise). Every size (tokens, heads, K,
+    sequences) is symbolic, so a new T, head count or varlen layout reuses the compiled kernel."""
     C, P = chunk, pair
     scalar, channel = gate == "scalar", gate == "channel"
     row_blocks = tuple(range(TILE // BLOCK))
     if channel and pair != 1:
         raise ValueError(f"pair: a per-channel gate takes one value head per pass, got {pair}")
+    if gate_in is not None and not (channel and chunk == TILE):
+        raise ValueError(f"gate_in: the raw gate is summed in the tile for a per-channel gate at chunk {TILE}, got "
+                         f"gate {gate!r}, chunk {chunk}")
+    g_dtype, form = (ACC, None) if gate_in is None else gate_in
     score_dtype = channel_score_dtype(dtype)
     NB = TILE // BLOCK  # diagonal 16x16 blocks per tile
     num_tokens, H, HV = T.dynamic("num_tokens"), T.dynamic("H"), T.dynamic("HV")  # HV = G * H
     K = T.dynamic("KB") * 64  # K a multiple of 64: column bounds checks are uniform over 16-byte vectors
     num_bounds = T.dynamic("num_bounds")  # N + 1
     g_tokens, g_heads = T.dynamic("g_tokens"), T.dynamic("g_heads")  # (1, 1) dummy when ungated
+    num_params = T.dynamic("num_params")  # gate_in's (a, b) per gate column; a (2, 1) dummy otherwise
 
     @T.macro
     def scaled(KKs, beta_s, g_s, rows, p, bi, bj, r, c):
@@ -97,28 +108,23 @@ def kkt_solve_kernel(chunk: int, method: str, dtype: str, gate: str, pair: int) 
                         X_a[p, i, j % BLOCK] = Xd[p * NB + i // BLOCK, i % BLOCK, j % BLOCK]
 
     @T.macro
-    def gated_kkt(hv, k, g, k_s, Qr, Kr, KK, KKs, hk, start, end):
-        """KKs <- the lower 16x16 blocks of (Gamma ⊙ K K^T) for value head hv under a per-channel gate:
+    def gated_kkt(k_s, g_s, Qr, Kr, KK, KKs):
+        """KKs <- the lower 16x16 blocks of (Gamma ⊙ K K^T) for one value head under a per-channel gate, from its K
+        tile k_s and log2(e) gc tile g_s (common.gate_tile: rows past the sequence end hold its last row's):
         exp(g_id - g_jd) = exp(g_id - R_ad) exp(R_ad - g_jd) with R_a the gate at the first row of row block a, so
         off the diagonal block both exponents are <= 0 and on it the positive one spans at most 16 tokens (exact
-        while no channel decays by more than e^-80 within 16 tokens, as in chunk_fwd.py). One 64 x 64 product per
-        row block a: rows outside a and columns outside a's chunk or past a's last row are zeros. Rows past the
-        sequence end read the gate of its last row (finite; their entries are masked at extraction)."""
+        while no channel decays by more than e^-80 within 16 tokens, as in chunk_fwd.py). Qr holds every row
+        against its own block's reference, formed once; row block a takes its rows of the 64 x 64 product of Qr and
+        Kr = the rows j < 16 (a + 1) of k_j exp(R_a - g_j), zero outside a's chunk (selected: R_a - g_j is
+        unbounded there). Kr's later rows are zeros or an earlier block's (finite), in columns not extracted."""
+        for i, d in T.Parallel(TILE, KSTEP):
+            Qr[i, d] = T.if_then_else(d < K, k_s[i, d] * T.exp2(g_s[i, d] - g_s[i // BLOCK * BLOCK, d]), 0.0)
+        T.clear(Kr)
         for a in row_blocks:
-            ref = T.min(start + a * BLOCK, end - 1)
-            T.clear(KK)
-            for kb in T.serial(T.ceildiv(K, KSTEP)):
-                T.copy(k[0, start:start + TILE, hk, kb * KSTEP:(kb + 1) * KSTEP], k_s)
-                for i, d in T.Parallel(TILE, KSTEP):
-                    Qr[i, d] = T.if_then_else(
-                        i // BLOCK == a and kb * KSTEP + d < K,
-                        k_s[i, d] * T.exp2((g[0, T.min(start + i, end - 1), hv, kb * KSTEP + d]
-                                            - g[0, ref, hv, kb * KSTEP + d]) * LOG2E), 0.0)
-                    Kr[i, d] = T.if_then_else(
-                        i // C == a * BLOCK // C and i < (a + 1) * BLOCK and kb * KSTEP + d < K,
-                        k_s[i, d] * T.exp2((g[0, ref, hv, kb * KSTEP + d]
-                                            - g[0, T.min(start + i, end - 1), hv, kb * KSTEP + d]) * LOG2E), 0.0)
-                T.gemm(Qr, Kr, KK, transpose_B=True)
+            for j, d in T.Parallel((a + 1) * BLOCK, KSTEP):
+                Kr[j, d] = T.if_then_else(j // C == a * BLOCK // C and d < K,
+                                          k_s[j, d] * T.exp2(g_s[a * BLOCK, d] - g_s[j, d]), 0.0)
+            T.gemm(Qr, Kr, KK, transpose_B=True, clear_accum=True)
             for i, j in T.Parallel(TILE, TILE):
                 if i // BLOCK == a and j // BLOCK <= a:
                     KKs[a * (a + 1) // 2 + j // BLOCK, i % BLOCK, j % BLOCK] = KK[i, j]
@@ -127,17 +133,19 @@ def kkt_solve_kernel(chunk: int, method: str, dtype: str, gate: str, pair: int) 
     def kkt_solve(
         k: T.Tensor((1, num_tokens, H, K), dtype),
         beta: T.Tensor((1, num_tokens, HV), ACC),
-        g: T.Tensor((1, g_tokens, g_heads, K) if channel else (1, g_tokens, g_heads), ACC),
+        g: T.Tensor((1, g_tokens, g_heads, K) if channel else (1, g_tokens, g_heads), g_dtype),
+        params: T.Tensor((2, num_params), ACC),
         cu_seqlens: T.Tensor((num_bounds,), "int32"),
         A: T.Tensor((1, num_tokens, HV, C), dtype),
         G: T.int32,
+        gate_scale: T.float32,
         num_slots: T.int32,
         dense_len: T.int32,
         search_steps: T.int32,
     ):
         with T.Kernel(num_slots, H, threads=THREADS) as (slot, hk):
             tx = T.get_thread_binding()
-            T.annotate_min_blocks_per_sm(MIN_BLOCKS)
+            T.annotate_min_blocks_per_sm(CHANNEL_MIN_BLOCKS if channel else MIN_BLOCKS)
             bounds = T.alloc_local((2,), "int32")
             locate_tile(slot, cu_seqlens, num_bounds, dense_len, search_steps, bounds)
             start = bounds[0]
@@ -169,7 +177,10 @@ def kkt_solve_kernel(chunk: int, method: str, dtype: str, gate: str, pair: int) 
                     X11 = T.alloc_shared((P, 32, 32), "float16")
                     F32 = T.alloc_fragment((32, 32), ACC)
                 if channel:  # row block a's scores against the reference R_a = g at its first row
-                    Qr = T.alloc_shared((TILE, KSTEP), score_dtype)  # k_i exp(g_i - R_a), rows of block a
+                    gc_s = T.alloc_shared((TILE, KSTEP), ACC)  # log2(e) gc of the value head
+                    ab_s = T.alloc_shared((2, KSTEP), ACC)  # gate_in's (a, b) of its columns
+                    acc = T.alloc_local((1,), ACC)
+                    Qr = T.alloc_shared((TILE, KSTEP), score_dtype)  # k_i exp(g_i - R_a(i))
                     Kr = T.alloc_shared((TILE, KSTEP), score_dtype)  # k_j exp(R_a - g_j), j in a's chunk, j < a's end
                 if method == "neumann":
                     Q_a = T.alloc_shared((P, TILE, BLOCK), "float16")
@@ -194,8 +205,10 @@ def kkt_solve_kernel(chunk: int, method: str, dtype: str, gate: str, pair: int) 
                         beta_s[p, i] = T.if_then_else(live, beta[0, start + i, hv0 + p], 0.0)
                         if scalar:
                             g_s[p, i] = T.if_then_else(live, g[0, start + i, hv0 + p] * LOG2E, 0.0)
-                    if channel:
-                        gated_kkt(hv0, k, g, k_s, Qr, Kr, KK, KKs, hk, start, end)
+                    if channel:  # k_s is the previous value head's output staging
+                        T.copy(k[0, start:start + TILE, hk, 0:KSTEP], k_s)
+                        gate_tile(g, params, gate_scale, start, end, hv0, K, gc_s, ab_s, acc, form)
+                        gated_kkt(k_s, gc_s, Qr, Kr, KK, KKs)
 
                     # extraction: I + L on the diagonal blocks, -L_10 and -M_10 off them (L_ij, i > j, same chunk)
                     for p, b, r, c in T.Parallel(P, NB, BLOCK, BLOCK):

@@ -3,9 +3,10 @@ every launcher. Nothing here decides: each launcher takes its stage's key from t
 the builder unchanged; inputs were validated once by tilela.ops.
 
 The pipeline (`forward`), as named stages over the [B, T, H, D] layout:
-    gc = chunk-local cumsum of g                  launch_cumsum      plan.cumsum   (cumsum.py)
+    gc = chunk-local cumsum of g                  launch_cumsum      plan.cumsum   (cumsum.py; none where the
+                                                                                   per-channel stages sum g)
     A  = kkt_solve(k, beta, gc)                   launch_kkt         plan.kkt      (kkt_solve.py; delta rule)
-    Qg, Kd, Kg, P, D = gla_factors(q, k, g)       launch_factors     plan.factors  (gla_factors.py; per-channel gate
+    Qg, Kd, Kg, P, D = gla_factors(q, k, gc)      launch_factors     plan.factors  (gla_factors.py; per-channel gate
                                                                                    on the ws pass: they take the q, k,
                                                                                    kg, P and g slots)
     o, S = state pass(q, k, v, gc, beta, A, S0)   launch_state_pass  plan.passes   (chunk_fwd_ws.py or chunk_fwd.py;
@@ -59,6 +60,15 @@ def placeholder(device: torch.device, dtype: torch.dtype, shape: tuple[int, ...]
     return torch.zeros(shape, device=device, dtype=dtype)
 
 
+def gate_args(device: torch.device, params: torch.Tensor | None, scale: float | None) -> tuple:
+    """(params [2, gate columns] float32, scale) as the stages that form the log gate take them: FLA's in-kernel
+    gate's (a, b) per gate column (a placeholder for the log gate) and the factor on the sum (the sigmoid form's
+    lower bound; 1 otherwise)."""
+    params = placeholder(device, torch.float32, (2, 1)) if params is None else \
+        params.to(torch.float32).reshape(2, -1).contiguous()
+    return params, 1.0 if scale is None else float(scale)
+
+
 class Schedule(NamedTuple):
     """A call's token layout for the kernels, computed once: cu_seqlens as int32 (a placeholder when dense), the
     tile-parallel kernels' grid (num_slots tile slots; dense_len = T for the dense layout, else 0; search_steps
@@ -98,11 +108,9 @@ def launch_cumsum(key: tuple, g: torch.Tensor, sched: Schedule, scale: float | N
     if sched.num_slots == 0 or g.numel() == 0:
         return gc
     g1 = flat(g)
-    params = placeholder(g.device, torch.float32, (2, 1)) if params is None else \
-        params.to(torch.float32).reshape(2, -1).contiguous()
+    params, scale = gate_args(g.device, params, scale)
     compiled(chunk_local_cumsum_kernel, *key)(g1.reshape(*g1.shape[:2], -1), params, sched.cu,
-                                              gc.view(*g1.shape[:2], -1), 1.0 if scale is None else float(scale),
-                                              *sched.grid)
+                                              gc.view(*g1.shape[:2], -1), scale, *sched.grid)
     return gc
 
 
@@ -116,26 +124,30 @@ def launch_l2norm(key: tuple, x: torch.Tensor, eps: float) -> torch.Tensor:
     return y
 
 
-def launch_kkt(key: tuple, k: torch.Tensor, beta: torch.Tensor, gc: torch.Tensor | None,
-              sched: Schedule) -> torch.Tensor:
+def launch_kkt(key: tuple, k: torch.Tensor, beta: torch.Tensor, gc: torch.Tensor | None, sched: Schedule,
+               params: torch.Tensor | None = None, scale: float | None = None) -> torch.Tensor:
     """A = (I + strictLower(diag(beta) (Gamma ⊙ K K^T)))^-1 per chunk, [B,T,HV,C] in k's dtype; key (chunk, method,
-    dtype, gate, value heads per pass). gc: the fp32 chunk-local cumsum of the scalar ([B,T,HV]) or per-channel
-    ([B,T,HV,K]) gate, or None."""
+    dtype, gate, value heads per pass, gate_in). gc: the fp32 chunk-local cumsum of the scalar ([B,T,HV]) or
+    per-channel ([B,T,HV,K]) gate, or None; with gate_in the per-channel gate's raw input, and params, scale its
+    in-kernel gate's (launch_cumsum's)."""
     B, Tn, H, K = k.shape
     HV, chunk = beta.shape[2], key[0]
     A = torch.empty(B, Tn, HV, chunk, device=k.device, dtype=k.dtype)
     if sched.num_slots == 0:
         return A
     g = placeholder(k.device, torch.float32).view(1, 1, 1) if gc is None else flat(gc)
-    compiled(kkt_solve_kernel, *key)(flat(k), flat(beta).float(), g, sched.cu, flat(A), HV // H, *sched.grid)
+    params, scale = gate_args(k.device, params, scale)
+    compiled(kkt_solve_kernel, *key)(flat(k), flat(beta).float(), g, params, sched.cu, flat(A), HV // H, scale,
+                                     *sched.grid)
     return A
 
 
-def launch_factors(key: tuple, q: torch.Tensor, k: torch.Tensor, g: torch.Tensor, scale: float, sched: Schedule):
+def launch_factors(key: tuple, q: torch.Tensor, k: torch.Tensor, g: torch.Tensor, scale: float, sched: Schedule,
+                   params: torch.Tensor | None = None, gate_scale: float | None = None):
     """(Qg, Kd, Kg, P, D) of a per-key-channel gate: Q ⊙ exp(gc), K ⊙ exp(gc_last - gc) and (with the delta rule,
     else None) K ⊙ exp(gc) as [B, T, HV, K] and the scaled intra-chunk scores as [B, T, HV, 64], in q's dtype;
-    D = exp(gc_last) per tile slot [slots, HV, K] fp32. key (K, dtype, sums the raw gate, delta rule): g
-    [B, T, HV, K] is then the raw log gate, else its chunk-local cumsum."""
+    D = exp(gc_last) per tile slot [slots, HV, K] fp32. key (K, dtype, gate_in, delta rule): g [B, T, HV, K] is the
+    raw gate of gate_in (params, gate_scale its in-kernel gate's), or the fp32 chunk-local cumsum."""
     B, Tn, H, K = q.shape
     HV = g.shape[2]
     Qg = torch.empty(B, Tn, HV, K, device=q.device, dtype=q.dtype)
@@ -145,9 +157,10 @@ def launch_factors(key: tuple, q: torch.Tensor, k: torch.Tensor, g: torch.Tensor
     D = torch.empty(max(sched.num_slots, 1), HV, K, device=q.device, dtype=torch.float32)
     if sched.num_slots == 0:
         return Qg, Kd, Kg, P, D
-    compiled(gla_factors_kernel, *key)(flat(q), flat(k), flat(g.float()), sched.cu, flat(Qg), flat(Kd),
+    params, gate_scale = gate_args(q.device, params, gate_scale)
+    compiled(gla_factors_kernel, *key)(flat(q), flat(k), flat(g), params, sched.cu, flat(Qg), flat(Kd),
                                        placeholder(q.device, q.dtype) if Kg is None else flat(Kg), flat(P), D,
-                                       float(scale), *sched.grid)
+                                       float(scale), gate_scale, *sched.grid)
     return Qg, Kd, Kg, P, D
 
 
@@ -213,10 +226,10 @@ def forward(plan: Plan, q, k, v, g, beta, initial_state=None, cu_seqlens=None, *
         g = launch_cumsum(plan.cumsum, g, sched, gate_scale, gate_params) if plan.cumsum else g
     if plan.delta:
         beta = beta.contiguous() if beta.dtype in (torch.float32, q.dtype) else beta.float().contiguous()
-        A = launch_kkt(plan.kkt, k, beta, g, sched) if A is None else A.contiguous()
+        A = launch_kkt(plan.kkt, k, beta, g, sched, gate_params, gate_scale) if A is None else A.contiguous()
     kg = P = None
     if plan.factors:  # the state-independent factors first, in the q, k, g, kg and P slots (chunk_fwd_ws.py)
-        q, k, kg, P, g = launch_factors(plan.factors, q, k, g, plan.output.scale, sched)
+        q, k, kg, P, g = launch_factors(plan.factors, q, k, g, plan.output.scale, sched, gate_params, gate_scale)
     elif g is not None:
         g = g.float()
     h0 = None if initial_state is None else initial_state.float().contiguous()

@@ -7,8 +7,8 @@ A plan answers, in this order:
   coverage     does the TileLang pipeline serve this call at all (`covers`), else the PyTorch path runs
   gate         "none", "scalar" ([B, T, HV]) or "channel" ([B, T, HV, K], per key channel)
   update rule  the delta rule (beta, kkt_solve's A) or the plain update S += K^T V
-  stages       cumsum of the gate (unless gla_factors sums it in its tile), kkt_solve (delta rule), gla_factors
-               (per-channel gate on the warp-specialised pass), then one state/output pass
+  stages       cumsum of the gate (unless the per-channel stages sum it in their tiles), kkt_solve (delta rule),
+               gla_factors (per-channel gate on the warp-specialised pass), then one state/output pass
   state pass   "ws" (chunk_fwd_ws.py, K = V in {64, 128}) or "loop" (chunk_fwd.py, every configuration); "auto"
                takes ws wherever it covers; its DV block from the cost model below
   split        the sequence split (seq_split.py) where the cost model says it pays: the transitions' pass, the
@@ -234,11 +234,12 @@ class PassConfig:
 class Plan:
     """What one call runs, decided by make_plan. Stage keys are None where the stage does not run.
 
-    cumsum       (chunk, g dtype, gate form) of chunk_local_cumsum on the gate, or None (no gate, or gla_factors
-                 sums it); the form is "log" or FLA's in-kernel gate ("softplus", "sigmoid": tilela._gates)
-    kkt          (chunk, method, dtype, gate, value heads per pass) of kkt_solve (delta rule)
-    factors      (K, dtype, sums the raw gate, delta rule: writes Kg) of gla_factors (per-channel gate on the
-                 warp-specialised pass)
+    cumsum       (chunk, g dtype, gate form) of chunk_local_cumsum on the gate, or None (no gate, or the per-channel
+                 stages sum it); the form is "log" or FLA's in-kernel gate ("softplus", "sigmoid": tilela._gates)
+    kkt          (chunk, method, dtype, gate, value heads per pass, gate_in) of kkt_solve (delta rule)
+    factors      (K, dtype, gate_in, delta rule: writes Kg) of gla_factors (per-channel gate on the warp-specialised
+                 pass)
+    gate_in: (g dtype, gate form) where the stage sums the raw gate in its tile, None where it reads gc
     passes       the state/output launches: (outputs,) unsplit, (transitions, outputs) split
     split        the SegmentPlan of the call's host lengths, or None
     combine      (K, V, gate, reads an initial state) of seq_combine (the plain update's split)
@@ -267,11 +268,12 @@ class Plan:
         return self.passes[-1]
 
 
-def kkt_key(chunk: int, method: str, dtype: str, gate: str, group: int) -> tuple:
+def kkt_key(chunk: int, method: str, dtype: str, gate: str, group: int, gate_in: tuple | None = None) -> tuple:
     """kkt_solve's compile key: two value heads per pass when the GVA group is even (the forward substitution then
-    keeps all 128 threads busy), one under a per-channel gate (each value head forms its own scores)."""
+    keeps all 128 threads busy), one under a per-channel gate (each value head forms its own scores); gate_in as in
+    Plan."""
     pair = 2 if group % 2 == 0 and gate != "channel" else 1
-    return (chunk, method, dtype, gate, pair)
+    return (chunk, method, dtype, gate, pair, gate_in)
 
 
 def make_plan(*, lengths, **facts) -> Plan:
@@ -293,7 +295,8 @@ def _plan(*, dtype: str, beta_dtype: str | None, gate_dtype: str | None, gate: s
     a gate); lengths: the host sequence lengths; tokens: B * T.
     The options below serve tests and benchmarks; the ops take the defaults:
     g_input: "raw" (the log gate) or "cumsum" (its chunk-local cumsum already: no cumsum stage).
-    gate_form: "log", or FLA's in-kernel gate the cumsum stage forms from g ("softplus", "sigmoid"; tilela._gates).
+    gate_form: "log", or FLA's in-kernel gate the stage that sums g forms from it ("softplus", "sigmoid";
+    tilela._gates).
     kernel: the state pass, "auto" (ws where it covers), "ws" or "loop".
     block_DV: the unsplit ws pass's DV block (one of dv_blocks(K, gate, delta)), default from the cost model.
     split: "auto" (auto_split), None (never) or a SegmentPlan of exactly these lengths.
@@ -330,14 +333,15 @@ def _plan(*, dtype: str, beta_dtype: str | None, gate_dtype: str | None, gate: s
                          f"{kernel!r}, K={K}, gate {gate!r}, delta rule {delta}")
 
     beta_dtype = beta_dtype if delta else "float32"
-    # gla_factors sums the raw gate in its tile, but for the delta rule: kkt_solve reads gc from the cumsum stage
-    sums = g_input == "raw" and not delta
-    factors = (K, dtype, sums, delta) if ws and gate == "channel" else None
-    cumsum = None if gate == "none" or g_input == "cumsum" or (factors and sums) else (CHUNK, gate_dtype, gate_form)
-    if gate_form != "log" and cumsum is None:
-        raise ValueError(f"gate_form: {gate_form!r} is formed in the cumsum stage, which this plan has not (gate "
-                         f"{gate!r}, g_input {g_input!r}, delta rule {delta})")
-    kkt = kkt_key(CHUNK, "blocked", dtype, gate, HV // H) if delta else None
+    if gate_form != "log" and (gate == "none" or g_input == "cumsum"):
+        raise ValueError(f"gate_form: {gate_form!r} forms the log gate from g, which this plan has not (gate "
+                         f"{gate!r}, g_input {g_input!r})")
+    # the per-channel stages before the ws pass (gla_factors, and kkt_solve with the delta rule) sum the raw gate in
+    # their tiles; the loop pass reads gc, so the cumsum stage makes it there
+    gate_in = (gate_dtype, gate_form) if g_input == "raw" else None
+    factors = (K, dtype, gate_in, delta) if ws and gate == "channel" else None
+    cumsum = None if gate == "none" or g_input == "cumsum" or factors else (CHUNK, gate_dtype, gate_form)
+    kkt = kkt_key(CHUNK, "blocked", dtype, gate, HV // H, gate_in if factors else None) if delta else None
     rule = update_rule(gate, delta)
 
     def state_pass(V_pass, grid, varlen_pass, h0, ht, store_output, block=None):
