@@ -69,8 +69,8 @@ def _dispatch(q, k, v, g, g_kind, beta, needs_beta, scale, initial_state, output
 
 def _run(dims, scale, q, k, v, g, g_kind, beta, needs_beta, initial_state, output_final_state, cu_seqlens,
          check_finite, bounded_gate, gate_in):
-    """One validated call (dims and scale from _check) on the Hopper kernels (the in-kernel gate in their cumsum
-    stage) or the PyTorch path (the gate formed first). check_finite reads the in-kernel gate as formed: its raw
+    """One validated call (dims and scale from _check) on the Hopper kernels (the in-kernel gate formed where they
+    sum the gate) or the PyTorch path (the gate formed first). check_finite reads the in-kernel gate as formed: its raw
     input may be ±inf (g = -inf, a reset, or 0), and non-finite A_log or dt_bias show up in it."""
     V.check_finite(check_finite, dict(q=q, k=k, v=v, g=apply_gate(g, *gate_in) if check_finite else g, beta=beta,
                                       initial_state=initial_state), dims.seq_bounds)
