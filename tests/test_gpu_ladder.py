@@ -2,7 +2,8 @@
 linear_attn (sequence in the loop, and the §4 sequence-in-grid kernel), 2 simple_gla, 3 gla (the warp-specialised
 pass after gla_factors, and the single-warp-group pass), 4 delta_rule, and the per-channel delta rule (KDA) the same
 builder produces, also end to end on our kernels (kda_pipeline: the plan from the raw gate, gc and A from its
-cumsum and per-channel kkt_solve stages); gla_factors alone against reference.chunk_math.gated_factors.
+per-channel kkt_solve and gla_factors stages, each summing the raw gate in its tile); gla_factors alone against
+reference.chunk_math.gated_factors.
 
 The state/output kernel gets the chunk-local cumsum gc (a plan with g_input="cumsum") and A = kkt_solve(...) from
 the reference, rounded to the kernel's input types (gc fp32, A in q's dtype), so each test isolates the state/output
@@ -41,7 +42,7 @@ LEVELS = {  # name: (gate, delta rule)
     "gla": ("channel", False),
     "delta_rule": ("none", True),
     "kda": ("channel", True),
-    "kda_pipeline": ("channel", True),  # gc and A from the plan's cumsum and per-channel kkt_solve stages
+    "kda_pipeline": ("channel", True),  # A and the factors from the plan's stages, which sum the raw gate
 }
 CASES = {  # a varlen and two dense layouts per level
     "varlen_128_bf16": dict(B=1, T=300, H=2, HV=4, K=128, dtype=torch.bfloat16,
@@ -84,7 +85,7 @@ def run_level(level, B, T, H, HV, K, dtype, cu_seqlens=None, use_h0=True, seed=0
         return None if x is None else x.to(dt or x.dtype).cuda()
 
     state = dict(initial_state=dev(h0, torch.float32), output_final_state=True, cu_seqlens=dev(cu))
-    if level == "kda_pipeline":  # the raw gate in: the plan's cumsum and per-channel kkt_solve stages make gc and A
+    if level == "kda_pipeline":  # the raw gate in: the plan's kkt_solve and gla_factors sum it in their tiles
         gc, A = g, None
     if level == "linear_attn_seq_in_grid":
         o, ht = linear_attn_seq_in_grid(dev(q), dev(k), dev(v), scale, **state)

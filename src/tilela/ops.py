@@ -508,7 +508,7 @@ def chunk_gla(
 
     On Hopper a 64-token chunk's intra-chunk scores come from one product while no key channel decays by more than
     e^-80 over it, else from 16-token sub-chunks: exact while no key channel decays by more than e^-80 within 16
-    tokens (mean log gate >= -5 per token). A bf16/fp16 gate is converted to fp32 first (one pass over it)."""
+    tokens (mean log gate >= -5 per token). The kernels read the gate in its own dtype and sum it in their tiles."""
     V.check_flag("state_v_first", state_v_first)
     return _state_out(_attention(q, k, v, g, "channel", None, False, scale, _state_in(initial_state, state_v_first),
                                  output_final_state, cu_seqlens, cu_seqlens_cpu, check_finite), state_v_first)

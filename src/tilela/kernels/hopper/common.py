@@ -56,6 +56,12 @@ def log_gate(x, a, b, form: str):
 SCAN_UNROLL = 8  # rows of a column scan whose loads are in flight at once
 
 
+def floored_log_gate(x, a, b, form: str):
+    """log_gate floored (floor_log_gate) for the log and softplus forms; a sigmoid is >= 0 (NaN stays either way)."""
+    y = log_gate(x, a, b, form)
+    return y if form == "sigmoid" else floor_log_gate(y)
+
+
 @T.macro
 def gate_tile(g, params, scale, start, end, hv, width, g_s, ab_s, acc, form):
     """g_s[i, d] <- log2(e) gc of token start + i, value head hv, key channel d < width (0 for d >= width), for the
@@ -72,10 +78,9 @@ def gate_tile(g, params, scale, start, end, hv, width, g_s, ab_s, acc, form):
         if form != "log":
             for s, d in T.Parallel(2, cols):
                 ab_s[s, d] = T.if_then_else(d < width, params[s, hv * width + d], 0.0)
-        floored = (lambda x: x) if form == "sigmoid" else floor_log_gate  # a sigmoid is >= 0 (NaN stays either way)
         for i, d in T.Parallel(TILE, cols):
-            g_s[i, d] = T.if_then_else(start + i < end and d < width, floored(
-                log_gate(T.cast(g[0, start + i, hv, d], "float32"), ab_s[0, d], ab_s[1, d], form)), 0.0)
+            g_s[i, d] = T.if_then_else(start + i < end and d < width, floored_log_gate(
+                T.cast(g[0, start + i, hv, d], "float32"), ab_s[0, d], ab_s[1, d], form), 0.0)
         tx = T.get_thread_binding()
         if tx < width:
             acc[0] = 0.0

@@ -23,7 +23,7 @@ from the sequence start.
 import tilelang.language as T
 
 from ..._gates import GATE_FORMS
-from .common import TILE, floor_log_gate, locate_tile, log_gate
+from .common import TILE, floor_log_gate, floored_log_gate, locate_tile
 
 COLUMNS = 128  # columns (threads) per CTA
 
@@ -38,7 +38,7 @@ def chunk_local_cumsum_kernel(chunk: int, dtype: str, form: str = "log") -> T.Pr
     num_params = T.dynamic("num_params")
     # the log form is floored as it lands in shared memory; the other forms after f, in the column scan
     landed = floor_log_gate if form == "log" else (lambda x: x)
-    scanned = (lambda x, a, b: x) if form == "log" else (lambda x, a, b: floor_log_gate(log_gate(x, a, b, form)))
+    scanned = (lambda x, a, b: x) if form == "log" else (lambda x, a, b: floored_log_gate(x, a, b, form))
 
     @T.prim_func
     def chunk_local_cumsum(

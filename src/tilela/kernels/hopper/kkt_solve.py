@@ -116,7 +116,7 @@ def kkt_solve_kernel(chunk: int, method: str, dtype: str, gate: str, pair: int, 
         while no channel decays by more than e^-80 within 16 tokens, as in chunk_fwd.py). Qr holds every row
         against its own block's reference, formed once; row block a takes its rows of the 64 x 64 product of Qr and
         Kr = the rows j < 16 (a + 1) of k_j exp(R_a - g_j), zero outside a's chunk (selected: R_a - g_j is
-        unbounded there). Kr's later rows are zeros or an earlier block's (finite), in columns not extracted."""
+        unbounded there). Kr's later rows are zeros, in columns not extracted."""
         for i, d in T.Parallel(TILE, KSTEP):
             Qr[i, d] = T.if_then_else(d < K, k_s[i, d] * T.exp2(g_s[i, d] - g_s[i // BLOCK * BLOCK, d]), 0.0)
         T.clear(Kr)

@@ -291,7 +291,7 @@ def _plan(*, dtype: str, beta_dtype: str | None, gate_dtype: str | None, gate: s
     """make_plan's decisions.
 
     dtype: q/k/v's ("bfloat16" / "float16"); beta_dtype: beta's as the state pass reads it ("float32" or dtype; None
-    without the delta rule); gate_dtype: g's as the cumsum reads it ("float32", "bfloat16", "float16"; None without
+    without the delta rule); gate_dtype: g's as the stage that sums it reads it ("float32", "bfloat16", "float16"; None without
     a gate); lengths: the host sequence lengths; tokens: B * T.
     The options below serve tests and benchmarks; the ops take the defaults:
     g_input: "raw" (the log gate) or "cumsum" (its chunk-local cumsum already: no cumsum stage).
