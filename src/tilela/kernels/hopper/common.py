@@ -36,8 +36,10 @@ def exp_e(x):
 
 def floor_log_gate(g):
     """g clamped from below at tilela._gates.LOG_GATE_FLOOR before any cumsum of raw gates (-inf included; a NaN
-    gate stays NaN, as torch.clamp keeps it: a select, not fmaxf, which would drop the NaN)."""
-    return T.if_then_else(g < LOG_GATE_FLOOR, LOG_GATE_FLOOR, g)
+    gate stays NaN, as torch.clamp keeps it: a select, not fmaxf, which would drop the NaN). Callers apply it to
+    values in shared memory or registers: on a global load, the branch on the loaded value (TileLang guards the
+    load and reloads it) makes each of a thread's loads wait for the one before."""
+    return T.Select(g < LOG_GATE_FLOOR, T.float32(LOG_GATE_FLOOR), g)
 
 
 def log_gate(x, a, b, form: str):
@@ -68,8 +70,9 @@ def gate_tile(g, params, scale, start, end, hv, width, g_s, ab_s, acc, form):
     64 rows of a tile: one chunk from start, rows past the sequence end holding its last row's gc.
     form None: g [1, T, HV, width] is gc already (float32). Else g is the raw gate input of that form (log_gate;
     params [2, HV * width] its (a, b) per column hv * width + d, scale the factor on the sum, the sigmoid form's
-    lower bound): floored (floor_log_gate) as it lands, then summed along each column by one thread per key channel
-    (SCAN_UNROLL loads in flight ahead of the adds). ab_s: [2, >= width] float32 shared scratch; acc: a (1,) float32 local."""
+    lower bound): landed as it is (a tile's loads all in flight), formed and floored in shared memory
+    (floored_log_gate), then summed along each column by one thread per key channel (SCAN_UNROLL loads in flight
+    ahead of the adds). ab_s: [2, >= width] float32 shared scratch; acc: a (1,) float32 local."""
     cols = g_s.shape[1]
     if form is None:
         for i, d in T.Parallel(TILE, cols):
@@ -79,8 +82,9 @@ def gate_tile(g, params, scale, start, end, hv, width, g_s, ab_s, acc, form):
             for s, d in T.Parallel(2, cols):
                 ab_s[s, d] = T.if_then_else(d < width, params[s, hv * width + d], 0.0)
         for i, d in T.Parallel(TILE, cols):
-            g_s[i, d] = T.if_then_else(start + i < end and d < width, floored_log_gate(
-                T.cast(g[0, start + i, hv, d], "float32"), ab_s[0, d], ab_s[1, d], form), 0.0)
+            g_s[i, d] = T.if_then_else(start + i < end and d < width, T.cast(g[0, start + i, hv, d], "float32"), 0.0)
+        for i, d in T.Parallel(TILE, cols):  # rows past the end add 0
+            g_s[i, d] = T.if_then_else(start + i < end, floored_log_gate(g_s[i, d], ab_s[0, d], ab_s[1, d], form), 0.0)
         tx = T.get_thread_binding()
         if tx < width:
             acc[0] = 0.0

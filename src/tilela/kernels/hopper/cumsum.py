@@ -12,10 +12,11 @@ a NaN gate stays NaN.
 
 Mirrors reference.cumsum.chunk_local_cumsum of tilela._gates.apply_gate's log gate. The gate is viewed as [1, T, W]
 with W = H (scalar gate) or H * K (per-channel gate). A CTA owns a 64-token x 128-column tile: the tile comes in as
-one coalesced parallel load into shared memory (every load in flight at once: a thread walking global memory row by
-row would wait out 64 dependent latencies), the log form floored as it lands; each thread then scans its column in
-shared memory in order (the other forms apply f, with the column's (a, b) in registers, and the floor there),
-restarting the float32 sum at each chunk start, and the tile leaves by one coalesced parallel store. Tiles come
+one coalesced parallel load into shared memory, as it is (every load in flight at once: a thread walking global
+memory row by row, or branching on each loaded value as the floor's select on a global load does, would wait out
+64 dependent latencies); each thread then scans its column in shared memory in order, forming f (with the column's
+(a, b) in registers) and the floor there, restarting the float32 sum at each chunk start, and the tile leaves by
+one coalesced parallel store. Tiles come
 from common.locate_tile (varlen without host synchronisation); chunks of C <= 64 align with tiles because both count
 from the sequence start.
 """
@@ -23,7 +24,7 @@ from the sequence start.
 import tilelang.language as T
 
 from ..._gates import GATE_FORMS
-from .common import TILE, floor_log_gate, floored_log_gate, locate_tile
+from .common import TILE, floored_log_gate, locate_tile
 
 COLUMNS = 128  # columns (threads) per CTA
 
@@ -36,9 +37,6 @@ def chunk_local_cumsum_kernel(chunk: int, dtype: str, form: str = "log") -> T.Pr
         raise ValueError(f"form: expected one of {GATE_FORMS}, got {form!r}")
     num_tokens, W, num_bounds = T.dynamic("num_tokens"), T.dynamic("W"), T.dynamic("num_bounds")
     num_params = T.dynamic("num_params")
-    # the log form is floored as it lands in shared memory; the other forms after f, in the column scan
-    landed = floor_log_gate if form == "log" else (lambda x: x)
-    scanned = (lambda x, a, b: x) if form == "log" else (lambda x, a, b: floored_log_gate(x, a, b, form))
 
     @T.prim_func
     def chunk_local_cumsum(
@@ -65,7 +63,7 @@ def chunk_local_cumsum_kernel(chunk: int, dtype: str, form: str = "log") -> T.Pr
             if start < end:
                 for i, j in T.Parallel(TILE, COLUMNS):
                     tile[i, j] = T.if_then_else(start + i < end and col0 + j < W,
-                                                landed(T.cast(g[0, start + i, col0 + j], "float32")), 0.0)
+                                                T.cast(g[0, start + i, col0 + j], "float32"), 0.0)
                 acc = 0.0
                 if form != "log":
                     a = T.if_then_else(col < num_params, params[0, col], 0.0)
@@ -73,7 +71,7 @@ def chunk_local_cumsum_kernel(chunk: int, dtype: str, form: str = "log") -> T.Pr
                 for i in T.unroll(TILE):  # rows past the sequence end add to acc after every stored row
                     if i % chunk == 0:
                         acc = 0.0
-                    acc += scanned(tile[i, T.get_thread_binding()], a, b)
+                    acc += floored_log_gate(tile[i, T.get_thread_binding()], a, b, form)
                     tile[i, T.get_thread_binding()] = acc * scale
                 for i, j in T.Parallel(TILE, COLUMNS):
                     if start + i < end and col0 + j < W:
