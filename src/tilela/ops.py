@@ -125,13 +125,14 @@ def _tensor(name: str, x, layout: str | None = None) -> torch.Tensor:
 
 def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """x / sqrt(sum x^2 + eps) over the last dim, computed in float32 (float64 stays), stored in x's dtype. Without
-    autograd: on Hopper one kernel (kernels.hopper.l2norm: one read, one write), elsewhere two passes over x (a
-    float32 reduction reading x in its dtype, and one product into x's dtype through out=, which autograd does not
-    record, so a call that needs gradients takes the float32 copy)."""
+    autograd: eagerly on Hopper one kernel (kernels.hopper.l2norm: one read, one write); under torch.compile (whose
+    tracer cannot enter the kernel's launch) and elsewhere two passes over x (a float32 reduction reading x in its
+    dtype, and one product into x's dtype through out=, which autograd does not record, so a call that needs
+    gradients takes the float32 copy)."""
     if torch.is_grad_enabled() and x.requires_grad:
         xf = x.float() if x.dtype != torch.float64 else x
         return (xf * torch.rsqrt(xf.pow(2).sum(-1, keepdim=True) + eps)).to(x.dtype)
-    hopper = _hopper(x)
+    hopper = None if torch.compiler.is_compiling() else _hopper(x)
     if hopper is not None and hopper.plan.l2norm_covers(hopper.DTYPE_NAMES.get(x.dtype), x.shape[-1]):
         return hopper.l2_normalize(x, eps)
     dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
