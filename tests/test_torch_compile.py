@@ -112,3 +112,23 @@ def test_the_op_and_its_fake_give_the_same_shapes():
     cu, cu_cpu = cu_of((10, 0, 20))
     args = (x["q"], x["k"], x["v"], x["a"], torch.sigmoid(x["b"]), None, cu, cu_cpu, "scalar", True, None, True)
     torch.library.opcheck(torch.ops.tilela.chunk_attention.default, args)
+
+
+def test_l2norm_in_a_compiled_graph_takes_the_traceable_form(monkeypatch):
+    """use_qk_l2norm_in_kernel inside a compiled graph runs the PyTorch l2norm, not the Hopper kernel (the tracer
+    cannot enter its compile and launch): a stand-in backend that serves l2norm and raises when called shows the
+    compiled call never reaches it; the attention itself takes the PyTorch path (the stand-in covers nothing)."""
+    from types import SimpleNamespace
+
+    from tilela import ops
+
+    x = inputs(60)
+    want = gdn(x)
+
+    def kernel(*_):
+        raise AssertionError("the l2norm kernel was called in a compiled graph")
+
+    backend = SimpleNamespace(DTYPE_NAMES={}, l2_normalize=kernel,
+                              plan=SimpleNamespace(l2norm_covers=lambda *_: True, covers=lambda *_: False))
+    monkeypatch.setattr(ops, "_hopper", lambda *tensors: backend)
+    _same(torch.compile(gdn, fullgraph=True, backend="aot_eager")(x), want)
