@@ -38,11 +38,10 @@ echo "plain: rc $rc, $(tail -1 "$OUT/sanitize-plain.log"), $(( $(date +%s) - t0 
 
 for tool in "${tools[@]}"; do
   case $tool in
-    # no leak check: PyTorch's caching allocator holds its blocks to the process's exit (hundreds of reports per
-    # run, none a kernel's); invalid accesses are what memcheck is here for
-    memcheck) extra=() ;;
+    # memcheck without the leak check: PyTorch's caching allocator holds its blocks to the process's exit
+    # (hundreds of reports per run, none a kernel's); invalid accesses are what memcheck is here for
+    memcheck | synccheck) extra=() ;;
     racecheck) extra=(--racecheck-report all) ;;
-    synccheck) extra=() ;;
     *) echo "unknown tool $tool (memcheck, racecheck, synccheck)"; status=1; continue ;;
   esac
   t0=$(date +%s)

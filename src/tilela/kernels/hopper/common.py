@@ -55,13 +55,13 @@ def log_gate(x, a, b, form: str):
     return x
 
 
-SCAN_UNROLL = 8  # rows of a column scan whose loads are in flight at once
-
-
 def floored_log_gate(x, a, b, form: str):
     """log_gate floored (floor_log_gate) for the log and softplus forms; a sigmoid is >= 0 (NaN stays either way)."""
     y = log_gate(x, a, b, form)
     return y if form == "sigmoid" else floor_log_gate(y)
+
+
+SCAN_UNROLL = 8  # rows of a column scan whose loads are in flight at once
 
 
 @T.macro
