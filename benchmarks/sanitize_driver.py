@@ -69,11 +69,10 @@ def entry_points():
     def cumsum_in_kernel_gate(key, raw, params, lower_bound, cu):
         return launch.launch_cumsum(key, raw, launch.Schedule.of(raw, cu), lower_bound, params)
 
-    def kkt_solve(k, beta, gc, chunk, cu, method="blocked", gate_in=None, params=None, lower=None):
-        """gate_in: gc is the per-channel gate's raw input of that (g dtype, form), params and lower its gate's."""
+    def kkt_solve(k, beta, gc, chunk, cu, method="blocked"):
         gate = "none" if gc is None else ("scalar" if gc.dim() == 3 else "channel")
-        key = plan.kkt_key(chunk, method, hopper.DTYPE_NAMES[k.dtype], gate, beta.shape[2] // k.shape[2], gate_in)
-        return launch.launch_kkt(key, k, beta, gc, launch.Schedule.of(k, cu), params, lower)
+        key = plan.kkt_key(chunk, method, hopper.DTYPE_NAMES[k.dtype], gate, beta.shape[2] // k.shape[2])
+        return launch.launch_kkt(key, k, beta, gc, launch.Schedule.of(k, cu))
 
     return SimpleNamespace(
         chunk_forward=chunk_forward,
@@ -84,7 +83,7 @@ def entry_points():
         kkt_solve=kkt_solve,
         cumsum_in_kernel_gate=cumsum_in_kernel_gate,
         cumsum_configs=hopper.CUMSUM_CONFIGS,  # (chunk, g dtype name, gate form)
-        kkt_configs=hopper.KKT_CONFIGS,  # (chunk, method, dtype name, gate, value heads per pass, gate_in)
+        kkt_configs=hopper.KKT_CONFIGS,  # (chunk, method, dtype name, gate, value heads per pass)
     )
 
 
@@ -155,30 +154,22 @@ def jobs(ep, dtypes: list[str]) -> list[tuple[str, str, object]]:
             return (rel_l2(gc, reference.chunk_local_cumsum(apply_gate(raw.double(), form, params.double(), lower),
                                                             C, x["cu"])),)
         out.append(("cumsum", f"cumsum C{C} {g_dtype} {form}", cumsum))
-    for C, method, dtype_name, gate, pair, gate_in in ep.kkt_configs:
+    for C, method, dtype_name, gate, pair in ep.kkt_configs:
         if {"bfloat16": "bf16", "float16": "fp16"}[dtype_name] not in dtypes:
             continue
 
-        def kkt(C=C, method=method, dtype=getattr(torch, dtype_name), gate=gate, pair=pair, gate_in=gate_in):
+        def kkt(C=C, method=method, dtype=getattr(torch, dtype_name), gate=gate, pair=pair):
             x = make_inputs(128, dtype, G=2 if pair == 2 else 1)
             g = gate_of(x, gate)
-            if gate_in is not None:  # the raw gate summed in the tile: the log gate, or the sigmoid form's input
-                form = gate_in[1]
-                raw = (g if form == "log" else g * 8).to(getattr(torch, gate_in[0]))
-                params = torch.stack((torch.full(raw.shape[2:], 4.0), torch.full(raw.shape[2:], -3.0)))
-                lower = -5.0 if form == "sigmoid" else None
-                g = apply_gate(raw.double(), form, params.double(), lower)
             gc = None if g is None else reference.chunk_local_cumsum(g, C, x["cu"])
             d = cuda(x)
-            if gate_in is not None:
-                A = ep.kkt_solve(d["k"], d["beta"], raw.cuda(), C, d["cu"], method, gate_in, params.cuda(), lower)
-            elif gate == "channel":
+            if gate == "channel":
                 A = ep.kkt_solve(d["k"], d["beta"], gc.float().cuda(), C, d["cu"], method)
             else:
                 A = tilela.kkt_solve(d["k"], d["beta"], None if gc is None else gc.float().cuda(), C, d["cu"],
                                      method=method, cu_seqlens_cpu=x["cu"])
             return (rel_l2(A, reference.kkt_solve(x["k"], x["beta"], gc, C, x["cu"])),)
-        out.append(("kkt", f"kkt C{C} {method} {dtype_name} {gate} pair{pair} gate_in {gate_in}", kkt))
+        out.append(("kkt", f"kkt C{C} {method} {dtype_name} {gate} pair{pair}", kkt))
     for name in dtypes:
         dtype = DTYPES[name]
         for level, (gate, delta) in LEVELS.items():

@@ -144,17 +144,21 @@ def test_kkt_solve_per_channel_gate(chunk, method, dtype, kind):
 @pytest.mark.parametrize("g_dtype,form", [(torch.float32, "log"), (torch.bfloat16, "log"), (torch.bfloat16, "sigmoid"),
                                           (torch.float16, "sigmoid")])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_kkt_solve_per_channel_raw_gate(g_dtype, form, dtype):
-    """KDA's plan: kkt_solve sums the raw gate in its tile (the log gate, or the bounded sigmoid form from its input
-    with lower bound -5), varlen with 1-token sequences, GVA 2; against the float64 stack from the same gate."""
-    gen = torch.Generator().manual_seed(len(form) + (g_dtype == torch.bfloat16))
+@pytest.mark.parametrize("K", [64, 128])
+def test_gla_factors_A_from_the_raw_gate(g_dtype, form, dtype, K):
+    """KDA's plan on the warp-specialised pass: gla_factors forms A from its own scores, summing the raw gate in its
+    tile (the log gate, or the bounded sigmoid form from its input with lower bound -5); varlen with 1-token
+    sequences, GVA 2, both score paths (tiles whose channels decay by more than e^-80, and less); against the
+    float64 stack from the same gate."""
+    gen = torch.Generator().manual_seed(len(form) + (g_dtype == torch.bfloat16) + K)
     B, T, cu = layout("varlen", gen)
-    H, HV, K = 2, 4, 128
+    H, HV = 2, 4
     k, beta = make_inputs(B, T, H, HV, K, dtype, gen)
     params, lower = None, None
     if form == "log":
         raw = torch.nn.functional.logsigmoid(2 * torch.randn(B, T, HV, K, generator=gen) - 1).clamp_min(-5)
         raw[..., : K // 4] = 0
+        raw[..., 1::2, :, :] /= 8  # every other token weak: some tiles stay within e^-80, some do not
         raw = raw.to(g_dtype)
         g = raw.double()
     else:
@@ -162,12 +166,13 @@ def test_kkt_solve_per_channel_raw_gate(g_dtype, form, dtype):
         params = torch.stack((torch.rand(HV, K, generator=gen) + 0.5, torch.randn(HV, K, generator=gen)))
         lower = -5.0
         g = apply_gate(raw.double(), form, params.double(), lower)
-    key = plan.kkt_key(64, "blocked", hopper.DTYPE_NAMES[dtype], "channel", HV // H,
-                       (hopper.DTYPE_NAMES[g_dtype], form))
+    key = (K, hopper.DTYPE_NAMES[dtype], (hopper.DTYPE_NAMES[g_dtype], form), True)
     k_dev = k.to(DEV)
-    A = launch.launch_kkt(key, k_dev, beta.to(DEV), raw.to(DEV), launch.Schedule.of(k_dev, cu.to(DEV)),
-                          None if params is None else params.to(DEV), lower)
+    sched = launch.Schedule.of(k_dev, cu.to(DEV))
+    *_, A, _ = launch.launch_factors(key, k_dev, k_dev, raw.to(DEV), beta.to(DEV), K**-0.5, sched,
+                                     None if params is None else params.to(DEV), lower)
     ref = reference.kkt_solve(k, beta, reference.chunk_local_cumsum(g, 64, cu), 64, cu)
+    assert A.dtype == dtype and A.shape == (B, T, HV, 64)
     assert torch.isfinite(A).all()
     assert offdiag_err(A, ref, cu) < TOL[dtype]
 

@@ -2,8 +2,8 @@
 linear_attn (sequence in the loop, and the §4 sequence-in-grid kernel), 2 simple_gla, 3 gla (the warp-specialised
 pass after gla_factors, and the single-warp-group pass), 4 delta_rule, and the per-channel delta rule (KDA) the same
 builder produces, also end to end on our kernels (kda_pipeline: the plan from the raw gate, gc and A from its
-per-channel kkt_solve and gla_factors stages, each summing the raw gate in its tile); gla_factors alone against
-reference.chunk_math.gated_factors.
+gla_factors stage, which sums the raw gate in its tile and forms A too); gla_factors alone against
+reference.chunk_math.gated_factors and reference.kkt.kkt_solve.
 
 The state/output kernel gets the chunk-local cumsum gc (a plan with g_input="cumsum") and A = kkt_solve(...) from
 the reference, rounded to the kernel's input types (gc fp32, A in q's dtype), so each test isolates the state/output
@@ -85,7 +85,7 @@ def run_level(level, B, T, H, HV, K, dtype, cu_seqlens=None, use_h0=True, seed=0
         return None if x is None else x.to(dt or x.dtype).cuda()
 
     state = dict(initial_state=dev(h0, torch.float32), output_final_state=True, cu_seqlens=dev(cu))
-    if level == "kda_pipeline":  # the raw gate in: the plan's kkt_solve and gla_factors sum it in their tiles
+    if level == "kda_pipeline":  # the raw gate in: the plan's gla_factors sums it in its tiles and forms A
         gc, A = g, None
     if level == "linear_attn_seq_in_grid":
         o, ht = linear_attn_seq_in_grid(dev(q), dev(k), dev(v), scale, **state)
@@ -144,11 +144,12 @@ def test_level_matches_reference(errors, job):
 def test_gla_factors_match_reference(case, gate_in, delta):
     """Qg, Kd, P and D of every chunk (chunks from each sequence start) against the float64 gated factors, from gc
     or from the raw gate summed in the kernel (GLA's log gate; KDA's log and bounded sigmoid forms, the sigmoid's
-    input in bf16), and KDA's Kg = K ⊙ exp(gc); make_inputs' gates (down to -5 per token) put tiles on both score
-    paths (one product, and sub-chunks where a channel decays by more than e^-80 over the tile)."""
+    input in bf16), and KDA's Kg = K ⊙ exp(gc) and A (reference.kkt_solve); make_inputs' gates (down to -5 per
+    token) put tiles on both score paths (one product, and sub-chunks where a channel decays by more than e^-80
+    over the tile)."""
     c = CASES[case]
     B, T, HV, K, dtype = c["B"], c["T"], c["HV"], c["K"], c["dtype"]
-    q, k, _, g, _, _ = make_inputs(B, T, c["H"], HV, K, dtype, "channel", seed=1)
+    q, k, _, g, beta, _ = make_inputs(B, T, c["H"], HV, K, dtype, "channel", seed=1)
     cu = c.get("cu_seqlens")
     g_in, params, lower = g.float(), None, None
     if gate_in is not None and gate_in[1] == "sigmoid":  # FLA's bounded gate from its input
@@ -161,9 +162,10 @@ def test_gla_factors_match_reference(case, gate_in, delta):
     scale = K**-0.5
     q_d = q.cuda()
     sched = launch.Schedule.of(q_d, None if cu is None else torch.tensor(cu, dtype=torch.int32).cuda())
-    Qg, Kd, Kg, P, D = launch.launch_factors((K, hopper.DTYPE_NAMES[dtype], gate_in, delta), q_d, k.cuda(),
-                                             (gc.float() if gate_in is None else g_in).cuda(), scale, sched,
-                                             None if params is None else params.cuda(), lower)
+    Qg, Kd, Kg, P, A, D = launch.launch_factors((K, hopper.DTYPE_NAMES[dtype], gate_in, delta), q_d, k.cuda(),
+                                                (gc.float() if gate_in is None else g_in).cuda(),
+                                                beta.cuda() if delta else None, scale, sched,
+                                                None if params is None else params.cuda(), lower)
     G = HV // c["H"]
     qv, kv = (x.double().repeat_interleave(G, dim=2) for x in (q, k))  # value head h reads q/k head h // G
     ref = [torch.zeros(B, T, HV, n, dtype=torch.float64) for n in (K, K, 64)]
@@ -181,6 +183,8 @@ def test_gla_factors_match_reference(case, gate_in, delta):
     for name, x, r in zip(("Qg", "Kd", "P", "D"), (Qg, Kd, P, D[slots]), (*ref, torch.stack(ref_D))):
         err = rel_l2(x.cpu(), r)
         assert err < TOL, f"{name} rel L2 {err:.3e}"
-    assert (Kg is None) is not delta
+    assert (Kg is None) is not delta and (A is None) is not delta
     if delta:  # gc is chunk-local, so K ⊙ exp(gc) needs no chunking
         assert rel_l2(Kg.cpu(), kv * gc.double().exp()) < TOL
+        ref_A = reference.kkt_solve(k, beta, gc, 64, None if cu is None else torch.tensor(cu))
+        assert rel_l2(A.cpu().double(), ref_A) < TOL

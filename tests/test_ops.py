@@ -166,7 +166,7 @@ def test_kda_takes_the_hopper_kernels_only_with_safe_gate(fake_hopper):
 def test_in_kernel_gates_reach_the_gate_stages_raw(monkeypatch):
     """GDN's and KDA's in-kernel gate reach the Hopper pipeline as FLA's raw input: the plan's stage that sums the
     gate forms the log gate (tilela._gates.apply_gate: its form, (exp(A_log), dt_bias) per gate column, KDA's lower
-    bound): GDN's cumsum stage, KDA's kkt_solve and gla_factors (no cumsum stage); eagerly and through the custom
+    bound): GDN's cumsum stage, KDA's gla_factors (no cumsum stage, no kkt_solve); eagerly and through the custom
     op."""
     from types import SimpleNamespace
 
@@ -201,8 +201,8 @@ def test_in_kernel_gates_reach_the_gate_stages_raw(monkeypatch):
     assert len(calls) == 4
     for plan_, g, params, lower in calls:
         if plan_.gate == "channel":
-            form = plan_.kkt[5][1]
-            assert plan_.cumsum is None and plan_.kkt[5] == plan_.factors[2] == ("bfloat16", form)
+            form = plan_.factors[2][1]
+            assert plan_.cumsum is None and plan_.kkt is None and plan_.factors[2] == ("bfloat16", form)
         else:
             form = plan_.cumsum[2]
             assert plan_.cumsum == (64, "bfloat16", form)

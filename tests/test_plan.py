@@ -70,7 +70,7 @@ def _plan(**kw):
 
 def test_gdn_plan_names_its_stages_once():
     plan = _plan(H=2, HV=8, lengths=[8192], tokens=8192)
-    assert plan.cumsum == (64, "float32", "log") and plan.kkt == (64, "blocked", "bfloat16", "scalar", 2, None)
+    assert plan.cumsum == (64, "float32", "log") and plan.kkt == (64, "blocked", "bfloat16", "scalar", 2)
     assert plan.factors is None and plan.split is None and plan.combine is None
     (cfg,) = plan.passes
     assert cfg.kernel == "ws" and cfg.args == (128, 128, 1.0, "scalar", True, "bfloat16", "float32", False, False,
@@ -84,21 +84,21 @@ def test_gla_plan_sums_the_gate_in_its_factors():
 
 
 def test_kda_plan_takes_the_warp_specialised_pass():
-    """The per-channel delta rule: "auto" runs kkt_solve and gla_factors with Kg, both summing the raw gate in
-    their tiles (no cumsum stage; the in-kernel gate's form too), then the warp-specialised pass at a DV block below
+    """The per-channel delta rule: "auto" runs gla_factors with Kg and A, summing the raw gate in its tiles (no
+    cumsum stage, no kkt_solve; the in-kernel gate's form too), then the warp-specialised pass at a DV block below
     K (shared memory); kernel="loop" the cumsum stage, kkt_solve from gc and the single-warp-group pass, which needs
     no factors."""
     loop = _plan(gate="channel", kernel="loop", gate_dtype="bfloat16", gate_form="sigmoid")
     assert loop.passes[0].kernel == "loop" and loop.factors is None
-    assert loop.cumsum == (64, "bfloat16", "sigmoid") and loop.kkt == (64, "blocked", "bfloat16", "channel", 1, None)
+    assert loop.cumsum == (64, "bfloat16", "sigmoid") and loop.kkt == (64, "blocked", "bfloat16", "channel", 1)
     assert _plan(gate="channel") == _plan(gate="channel", kernel="ws")
     plan = _plan(gate="channel")
-    assert plan.cumsum is None and plan.kkt == (64, "blocked", "bfloat16", "channel", 1, ("float32", "log"))
+    assert plan.cumsum is None and plan.kkt is None
     assert plan.factors == (128, "bfloat16", ("float32", "log"), True) and plan.output.kernel == "ws"
     bounded = _plan(gate="channel", gate_dtype="bfloat16", gate_form="sigmoid")
-    assert bounded.kkt[-1] == bounded.factors[2] == ("bfloat16", "sigmoid") and bounded.cumsum is None
+    assert bounded.kkt is None and bounded.factors[2] == ("bfloat16", "sigmoid") and bounded.cumsum is None
     cumsum_in = _plan(gate="channel", g_input="cumsum")
-    assert cumsum_in.kkt[-1] is None and cumsum_in.factors[2] is None
+    assert cumsum_in.kkt is None and cumsum_in.factors[2] is None
     with pytest.raises(ValueError, match="gate_form"):
         _plan(gate="channel", g_input="cumsum", gate_form="sigmoid")
     assert plan.output.block_DV in P.dv_blocks(128, "channel", True) == (64, 32, 16)

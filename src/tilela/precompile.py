@@ -56,8 +56,7 @@ def jobs() -> list[Job]:
     in_kernel_gate = frozenset(op_of[gate, True] for gate in ("scalar", "channel"))  # GDN's and KDA's gate forms
     out = [Job("cumsum", c, frozenset({"chunk_local_cumsum"}) | (gated if c[0] == TILE else frozenset())
                if c[2] == "log" else in_kernel_gate) for c in CUMSUM_CONFIGS]
-    out += [Job("kkt", c, frozenset(({"kkt_solve"} if c[5] is None else set())  # gate_in: KDA's plan alone
-                                    | ({op_of[c[3], True]} if c[:2] == (TILE, "blocked") else set())),
+    out += [Job("kkt", c, frozenset({"kkt_solve"} | ({op_of[c[3], True]} if c[:2] == (TILE, "blocked") else set())),
                 dtype=c[2]) for c in KKT_CONFIGS]
     out += [Job("gla", c, frozenset({op_of["channel", c[3]]}), dtype=c[1], K=c[0]) for c in GLA_FACTORS_CONFIGS]
     out += [Job("combine", c, frozenset({op_of[c[2], False]}), K=c[0]) for c in SEQ_COMBINE_CONFIGS]

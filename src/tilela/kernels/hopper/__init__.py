@@ -10,11 +10,10 @@ the kernels can run on given tensors.
 The static configurations we ship, each compiled by the tests (tests/test_compile*.py) and by `benchmarks/
 precompile.py`; token counts, head counts, K (cumsum, kkt_solve) and varlen layouts are symbolic:
     chunk_local_cumsum_kernel(chunk, g dtype, gate form): "log" at every chunk, FLA's in-kernel gate forms at 64
-    kkt_solve_kernel(chunk, method, k dtype, gate kind, value heads per pass, gate_in); "blocked" at chunk 16 is the
-    plain in-place forward substitution of the 16x16 block (no coupling level); gate_in (g dtype, gate form) where
-    the per-channel gate's raw input is summed in the tile (KDA's forms: the log gate and the bounded sigmoid)
-    gla_factors_kernel(K, q/k dtype, gate_in, whether it writes KDA's Kg): gate_in None (gc), or the raw gate of
-    GLA's log form or KDA's forms
+    kkt_solve_kernel(chunk, method, k dtype, gate kind, value heads per pass); "blocked" at chunk 16 is the plain
+    in-place forward substitution of the 16x16 block (no coupling level)
+    gla_factors_kernel(K, q/k dtype, gate_in, whether it writes KDA's Kg and A): gate_in None (gc), or the raw gate
+    of GLA's log form or KDA's forms (the log gate and the bounded sigmoid)
     seq_combine_kernel(K, V, gate kind, whether an initial state is read): the plain update's sequence split
     l2norm_kernel(K, q/k dtype): use_qk_l2norm_in_kernel
     the state passes: plan.PassConfig.args for every (K, gate, update rule, dtype, switches, tiles) a plan can hold
@@ -41,12 +40,12 @@ GLA_FACTORS_CONFIGS = [(K, d, gate_in, delta) for K in (64, 128) for d in HALF f
 SEQ_COMBINE_CONFIGS = [(K, K, gate, h0) for K in (64, 128) for gate in ("none", "scalar") for h0 in (False, True)]
 L2NORM_CONFIGS = [(K, d) for K in L2NORM_DIMS for d in HALF]
 KKT_CONFIGS = [
-    (C, m, d, gate, pair, None)
+    (C, m, d, gate, pair)
     for C, m in KKT_METHODS
     for d in HALF
     for gate in ("none", "scalar", "channel")
     for pair in ((1,) if gate == "channel" else (1, 2))
-] + [(CHUNK, "blocked", d, "channel", 1, (gd, form)) for d in HALF for gd in GATE_DTYPES for form in KDA_FORMS]
+]
 
 
 @functools.lru_cache(maxsize=None)

@@ -12,8 +12,8 @@ accumulator), its ten lower 16x16 blocks are kept in shared memory, and the head
 P at a time from them (P = 2 when G is even: the forward substitution then keeps all 128 threads busy). With a
 per-key-channel gate (KDA: Gamma_ijd = exp(g_id - g_jd)) the scores differ per value head: each value head forms
 its own ten blocks, one 64x64 product per 16-row block against a reference gate (gated_kkt), P = 1, from a gc tile
-in shared memory read once per value head, or summed there from the raw gate (common.gate_tile: then no float32
-gc goes through global memory; chunk 64). A tile
+in shared memory read once per value head (the loop pass's pipeline; before the warp-specialised pass gla_factors.py
+forms KDA's A from its own score products and this file's inverse, tile_inverse). A tile
 holds 64 / C independent chunks, so the tile matrix is block diagonal with C x C blocks, each inverted by the
 recursion of seed 000:
 
@@ -27,11 +27,14 @@ recursion of seed 000:
 
 The 16x16 blocks live in (n, 17, 16) fp32 shared buffers with a linear layout (the 17-row stride puts two
 neighbouring blocks half a bank row apart). The output is staged in the shared memory of the K slice, dead
-after the GEMM, and leaves as 16-byte row stores of the live rows and value heads. Varlen needs no host synchronisation: tile slot s belongs to the
+after the GEMM, and leaves as 16-byte row stores of the live rows and value heads. Varlen needs no host
+synchronisation: tile slot s belongs to the
 last sequence n with floor(cu[n] / 64) + n <= s (a binary search over cu_seqlens); the grid is an upper bound
 (floor(T / 64) + N slots) whose surplus slots exit. The dense [B, T] layout is the special case dense_len = T.
 Rows past a sequence end are masked (select, not multiply) so any finite or zero padding leaves rows < len exact.
 """
+
+from types import SimpleNamespace
 
 import tilelang
 import tilelang.language as T
@@ -46,39 +49,38 @@ MIN_BLOCKS = 4  # caps registers at 128 per thread: four CTAs per SM (shared mem
 CHANNEL_MIN_BLOCKS = 2  # per-channel gate: its gc and score tiles leave room for two CTAs at most (bf16), so no cap
 
 
-def kkt_solve_kernel(chunk: int, method: str, dtype: str, gate: str, pair: int, gate_in: tuple | None = None
-                     ) -> T.PrimFunc:
-    """Build the prim_func for static (chunk, method, dtype, gate, pair, gate_in); gate "none", "scalar" or
-    "channel" (per key channel, KDA: one value head per pass, K <= 128). gate_in (per-channel gate, chunk 64 only):
-    None when g is the float32 chunk-local cumsum, else (g dtype, gate form) of the raw gate the tile sums itself
-    (common.gate_tile, with params and gate_scale; placeholders otherwise). Every size (tokens, heads, K,
-    sequences) is symbolic, so a new T, head count or varlen layout reuses the compiled kernel."""
-    C, P = chunk, pair
-    scalar, channel = gate == "scalar", gate == "channel"
-    row_blocks = tuple(range(TILE // BLOCK))
-    if channel and pair != 1:
-        raise ValueError(f"pair: a per-channel gate takes one value head per pass, got {pair}")
-    if gate_in is not None and not (channel and chunk == TILE):
-        raise ValueError(f"gate_in: the raw gate is summed in the tile for a per-channel gate at chunk {TILE}, got "
-                         f"gate {gate!r}, chunk {chunk}")
-    g_dtype, form = (ACC, None) if gate_in is None else gate_in
-    score_dtype = channel_score_dtype(dtype)
-    NB = TILE // BLOCK  # diagonal 16x16 blocks per tile
-    num_tokens, H, HV = T.dynamic("num_tokens"), T.dynamic("H"), T.dynamic("HV")  # HV = G * H
-    K = T.dynamic("KB") * 64  # K a multiple of 64: column bounds checks are uniform over 16-byte vectors
-    num_bounds = T.dynamic("num_bounds")  # N + 1
-    g_tokens, g_heads = T.dynamic("g_tokens"), T.dynamic("g_heads")  # (1, 1) dummy when ungated
-    num_params = T.dynamic("num_params")  # gate_in's (a, b) per gate column; a (2, 1) dummy otherwise
+def inverse_buffers(C: int, P: int, method: str) -> SimpleNamespace:
+    """tile_inverse's buffers for P value heads at chunk C, allocated in the calling kernel's body: Xd (I + L_bb of
+    the P * NB diagonal 16x16 blocks on entry, inverted in place), Lo (-L_10 of each 32 half on entry, then X_10),
+    M10 (C == 64: -M_10 on entry) and the levels' scratch (None where a configuration has none); layouts: the
+    linear layouts of the 16x16 block buffers, for the caller's one T.annotate_layout."""
+    NB = TILE // BLOCK
+    inv = SimpleNamespace(
+        Xd=T.alloc_shared((P * NB, BLOCK + 1, BLOCK), ACC),
+        Lo=T.alloc_shared((P * NB // 2, BLOCK + 1, BLOCK), ACC),
+        row=T.alloc_local((BLOCK + 1,), ACC),  # a row's backup, and its dot product in the last slot
+        T16=T.alloc_fragment((P * NB // 2, BLOCK, BLOCK), ACC),
+        M10=None, X00=None, X11=None, F32=None, Q_a=None, Q_b=None, X_a=None, F=None)
+    inv.layouts = {inv.Xd: tilelang.layout.make_linear_layout(inv.Xd),
+                   inv.Lo: tilelang.layout.make_linear_layout(inv.Lo)}
+    if C == 64:  # 32x32 operands of level 2 in fp16 (the 11-bit mantissa of tf32)
+        inv.M10 = T.alloc_shared((P, 32, 32), "float16")  # -M_10, then -X_11 M_10
+        inv.X00 = T.alloc_shared((P, 32, 32), "float16")
+        inv.X11 = T.alloc_shared((P, 32, 32), "float16")
+        inv.F32 = T.alloc_fragment((32, 32), ACC)
+    if method == "neumann":
+        inv.Q_a = T.alloc_shared((P, TILE, BLOCK), "float16")
+        inv.Q_b = T.alloc_shared((P, BLOCK, TILE), "float16")
+        inv.X_a = T.alloc_shared((P, TILE, BLOCK), "float16")
+        inv.F = T.alloc_fragment((TILE, TILE), ACC)
+    return inv
 
-    @T.macro
-    def scaled(KKs, beta_s, g_s, rows, p, bi, bj, r, c):
-        """L_ij = beta_i (K K^T)_ij exp(g_i - g_j) of head p, i = 16 bi + r > j = 16 bj + c in one chunk; 0 for
-        rows past the sequence end (selected, not multiplied: their exponent is unbounded)."""
-        i = bi * BLOCK + r
-        v = beta_s[p, i] * KKs[bi * (bi + 1) // 2 + bj, r, c]
-        if scalar:  # (a per-channel gate is inside KKs already)
-            v = v * T.exp2(g_s[p, i] - g_s[p, bj * BLOCK + c])
-        return T.if_then_else(i < rows, v, 0.0)
+
+def tile_inverse(C: int, P: int, method: str):
+    """The macro invert(Xd, Lo, M10, X00, X11, F32, T16, row, Q_a, Q_b, X_a, F, out_s, tx) (inverse_buffers' buffers,
+    out_s a (TILE, >= P, C) shared staging, tx the thread): the block-diagonal inverse of P value heads' tiles into
+    out_s[i, p, :] (row i keeps the C columns of its own chunk), by levels 0-2 of the module docstring."""
+    NB = TILE // BLOCK
 
     @T.macro
     def neumann_blocks(p, Xd, Q_a, Q_b, X_a, F):
@@ -108,6 +110,93 @@ def kkt_solve_kernel(chunk: int, method: str, dtype: str, gate: str, pair: int, 
                         X_a[p, i, j % BLOCK] = Xd[p * NB + i // BLOCK, i % BLOCK, j % BLOCK]
 
     @T.macro
+    def invert(Xd, Lo, M10, X00, X11, F32, T16, row, Q_a, Q_b, X_a, F, out_s, tx):
+        # level 0: the P * NB diagonal 16x16 blocks
+        if method == "blocked":
+            # lane (b, t) owns column t of block b: 16 lanes per block, two blocks per warp
+            b = (tx // BLOCK) % (P * NB)
+            t = tx % BLOCK
+            for r in T.unroll(1, BLOCK):
+                for m in T.unroll(r):
+                    row[m] = Xd[b, r, m]  # row backup: L[r, :r] before it is overwritten
+                row[BLOCK] = 0.0
+                for m in T.unroll(r):
+                    row[BLOCK] -= Xd[b, m, t] * row[m]
+                if t < r and tx < P * NB * BLOCK:
+                    Xd[b, r, t] = row[BLOCK]
+        else:
+            for p in T.unroll(P):
+                neumann_blocks(p, Xd, Q_a, Q_b, X_a, F)
+
+        # level 1: X_10 = -X_1 L_10 X_0 in each 32 half, into Lo
+        if C >= 32:
+            T.clear(T16)
+            for m in T.unroll(BLOCK):
+                for q, s, t in T.Parallel(P * NB // 2, BLOCK, BLOCK):
+                    T16[q, s, t] += Xd[2 * q + 1, s, m] * Lo[q, m, t]
+            for q, s, t in T.Parallel(P * NB // 2, BLOCK, BLOCK):
+                Lo[q, t, s] = T16[q, s, t]  # transposed: the next product reads it along rows
+            T.clear(T16)
+            for m in T.unroll(BLOCK):
+                for q, s, t in T.Parallel(P * NB // 2, BLOCK, BLOCK):
+                    T16[q, s, t] += Lo[q, m, s] * Xd[2 * q, m, t]
+            for q, s, t in T.Parallel(P * NB // 2, BLOCK, BLOCK):
+                Lo[q, s, t] = T16[q, s, t]
+
+        # assemble the block-diagonal inverse; row i keeps the C columns of its own chunk
+        T.clear(out_s)
+        for p, b, r, c in T.Parallel(P, NB, BLOCK, BLOCK):
+            out_s[b * BLOCK + r, p, (b * BLOCK) % C + c] = Xd[p * NB + b, r, c]
+        if C >= 32:
+            for p, h, r, c in T.Parallel(P, NB // 2, BLOCK, BLOCK):
+                out_s[h * 32 + BLOCK + r, p, (h * 32) % C + c] = Lo[p * 2 + h, r, c]
+
+        # level 2: X_10 = -X_11 M_10 X_00 between the two 32 halves
+        if C == 64:
+            for p, h, i, j in T.Parallel(P, 2, 32, 32):
+                Xh = T.if_then_else(
+                    i // BLOCK == j // BLOCK, Xd[p * NB + 2 * h + i // BLOCK, i % BLOCK, j % BLOCK],
+                    T.if_then_else(i > j, Lo[p * 2 + h, i % BLOCK, j], 0.0))
+                if h == 0:
+                    X00[p, i, j] = Xh
+                else:
+                    X11[p, i, j] = Xh
+            for p in T.unroll(P):
+                T.gemm(X11[p, :, :], M10[p, :, :], F32, clear_accum=True)
+                T.copy(F32, M10[p, :, :])
+                T.gemm(M10[p, :, :], X00[p, :, :], F32, clear_accum=True)
+                T.copy(F32, out_s[32:64, p, 0:32])
+
+    return invert
+
+def kkt_solve_kernel(chunk: int, method: str, dtype: str, gate: str, pair: int) -> T.PrimFunc:
+    """Build the prim_func for static (chunk, method, dtype, gate, pair); gate "none", "scalar" or "channel" (per
+    key channel: one value head per pass, K <= 128, g the float32 chunk-local cumsum [.., HV, K]). Every size
+    (tokens, heads, K, sequences) is symbolic, so a new T, head count or varlen layout reuses the compiled kernel."""
+    C, P = chunk, pair
+    scalar, channel = gate == "scalar", gate == "channel"
+    row_blocks = tuple(range(TILE // BLOCK))
+    if channel and pair != 1:
+        raise ValueError(f"pair: a per-channel gate takes one value head per pass, got {pair}")
+    score_dtype = channel_score_dtype(dtype)
+    NB = TILE // BLOCK  # diagonal 16x16 blocks per tile
+    num_tokens, H, HV = T.dynamic("num_tokens"), T.dynamic("H"), T.dynamic("HV")  # HV = G * H
+    K = T.dynamic("KB") * 64  # K a multiple of 64: column bounds checks are uniform over 16-byte vectors
+    num_bounds = T.dynamic("num_bounds")  # N + 1
+    g_tokens, g_heads = T.dynamic("g_tokens"), T.dynamic("g_heads")  # (1, 1) dummy when ungated
+    invert = tile_inverse(C, P, method)
+
+    @T.macro
+    def scaled(KKs, beta_s, g_s, rows, p, bi, bj, r, c):
+        """L_ij = beta_i (K K^T)_ij exp(g_i - g_j) of head p, i = 16 bi + r > j = 16 bj + c in one chunk; 0 for
+        rows past the sequence end (selected, not multiplied: their exponent is unbounded)."""
+        i = bi * BLOCK + r
+        v = beta_s[p, i] * KKs[bi * (bi + 1) // 2 + bj, r, c]
+        if scalar:  # (a per-channel gate is inside KKs already)
+            v = v * T.exp2(g_s[p, i] - g_s[p, bj * BLOCK + c])
+        return T.if_then_else(i < rows, v, 0.0)
+
+    @T.macro
     def gated_kkt(k_s, g_s, Qr, Kr, KK, KKs):
         """KKs <- the lower 16x16 blocks of (Gamma ⊙ K K^T) for one value head under a per-channel gate, from its K
         tile k_s and log2(e) gc tile g_s (common.gate_tile: rows past the sequence end hold its last row's):
@@ -133,12 +222,10 @@ def kkt_solve_kernel(chunk: int, method: str, dtype: str, gate: str, pair: int, 
     def kkt_solve(
         k: T.Tensor((1, num_tokens, H, K), dtype),
         beta: T.Tensor((1, num_tokens, HV), ACC),
-        g: T.Tensor((1, g_tokens, g_heads, K) if channel else (1, g_tokens, g_heads), g_dtype),
-        params: T.Tensor((2, num_params), ACC),
+        g: T.Tensor((1, g_tokens, g_heads, K) if channel else (1, g_tokens, g_heads), ACC),
         cu_seqlens: T.Tensor((num_bounds,), "int32"),
         A: T.Tensor((1, num_tokens, HV, C), dtype),
         G: T.int32,
-        gate_scale: T.float32,
         num_slots: T.int32,
         dense_len: T.int32,
         search_steps: T.int32,
@@ -159,34 +246,12 @@ def kkt_solve_kernel(chunk: int, method: str, dtype: str, gate: str, pair: int, 
                 KKs = T.alloc_shared((NB * (NB + 1) // 2, BLOCK + 1, BLOCK), ACC)  # lower 16x16 blocks of K K^T
                 beta_s = T.alloc_shared((P, TILE), ACC)
                 g_s = T.alloc_shared((P, TILE), ACC)
-                Xd = T.alloc_shared((P * NB, BLOCK + 1, BLOCK), ACC)  # I + L_bb, inverted in place
-                Lo = T.alloc_shared((P * NB // 2, BLOCK + 1, BLOCK), ACC)  # -L_10 of each 32 half, then X_10
-                row = T.alloc_local((BLOCK,), ACC)
-                dot = T.alloc_var(ACC)
-                T16 = T.alloc_fragment((P * NB // 2, BLOCK, BLOCK), ACC)
-                T.annotate_layout(
-                    {
-                        KKs: tilelang.layout.make_linear_layout(KKs),
-                        Xd: tilelang.layout.make_linear_layout(Xd),
-                        Lo: tilelang.layout.make_linear_layout(Lo),
-                    }
-                )
-                if C == 64:  # 32x32 operands of level 2 in fp16 (the 11-bit mantissa of tf32)
-                    M10 = T.alloc_shared((P, 32, 32), "float16")  # -M_10, then -X_11 M_10
-                    X00 = T.alloc_shared((P, 32, 32), "float16")
-                    X11 = T.alloc_shared((P, 32, 32), "float16")
-                    F32 = T.alloc_fragment((32, 32), ACC)
+                inv = inverse_buffers(C, P, method)
+                T.annotate_layout({KKs: tilelang.layout.make_linear_layout(KKs), **inv.layouts})
                 if channel:  # row block a's scores against the reference R_a = g at its first row
                     gc_s = T.alloc_shared((TILE, KSTEP), ACC)  # log2(e) gc of the value head
-                    ab_s = T.alloc_shared((2, KSTEP), ACC)  # gate_in's (a, b) of its columns
-                    acc = T.alloc_local((1,), ACC)
                     Qr = T.alloc_shared((TILE, KSTEP), score_dtype)  # k_i exp(g_i - R_a(i))
                     Kr = T.alloc_shared((TILE, KSTEP), score_dtype)  # k_j exp(R_a - g_j), j in a's chunk, j < a's end
-                if method == "neumann":
-                    Q_a = T.alloc_shared((P, TILE, BLOCK), "float16")
-                    Q_b = T.alloc_shared((P, BLOCK, TILE), "float16")
-                    X_a = T.alloc_shared((P, TILE, BLOCK), "float16")
-                    F = T.alloc_fragment((TILE, TILE), ACC)
 
                 # K K^T of the tile, shared by the G value heads of q/k head hk; its lower blocks go to shared
                 if not channel:
@@ -207,10 +272,11 @@ def kkt_solve_kernel(chunk: int, method: str, dtype: str, gate: str, pair: int, 
                             g_s[p, i] = T.if_then_else(live, g[0, start + i, hv0 + p] * LOG2E, 0.0)
                     if channel:  # k_s is the previous value head's output staging
                         T.copy(k[0, start:start + TILE, hk, 0:KSTEP], k_s)
-                        gate_tile(g, params, gate_scale, start, end, hv0, K, gc_s, ab_s, acc, form)
+                        gate_tile(g, None, 1.0, start, end, hv0, K, gc_s, None, None, None)
                         gated_kkt(k_s, gc_s, Qr, Kr, KK, KKs)
 
                     # extraction: I + L on the diagonal blocks, -L_10 and -M_10 off them (L_ij, i > j, same chunk)
+                    Xd, Lo, M10 = inv.Xd, inv.Lo, inv.M10
                     for p, b, r, c in T.Parallel(P, NB, BLOCK, BLOCK):
                         Xd[p * NB + b, r, c] = T.if_then_else(
                             r == c, 1.0, T.if_then_else(c < r, scaled(KKs, beta_s, g_s, rows, p, b, b, r, c), 0.0))
@@ -222,61 +288,8 @@ def kkt_solve_kernel(chunk: int, method: str, dtype: str, gate: str, pair: int, 
                             M10[p, r, c] = -scaled(KKs, beta_s, g_s, rows, p, 2 + r // BLOCK, c // BLOCK, r % BLOCK,
                                                    c % BLOCK)
 
-                    # level 0: the P * NB diagonal 16x16 blocks
-                    if method == "blocked":
-                        # lane (b, t) owns column t of block b: 16 lanes per block, two blocks per warp
-                        b = (tx // BLOCK) % (P * NB)
-                        t = tx % BLOCK
-                        for r in T.unroll(1, BLOCK):
-                            for m in T.unroll(r):
-                                row[m] = Xd[b, r, m]  # row backup: L[r, :r] before it is overwritten
-                            dot = 0.0
-                            for m in T.unroll(r):
-                                dot -= Xd[b, m, t] * row[m]
-                            if t < r and tx < P * NB * BLOCK:
-                                Xd[b, r, t] = dot
-                    else:
-                        for p in T.unroll(P):
-                            neumann_blocks(p, Xd, Q_a, Q_b, X_a, F)
-
-                    # level 1: X_10 = -X_1 L_10 X_0 in each 32 half, into Lo
-                    if C >= 32:
-                        T.clear(T16)
-                        for m in T.unroll(BLOCK):
-                            for q, s, t in T.Parallel(P * NB // 2, BLOCK, BLOCK):
-                                T16[q, s, t] += Xd[2 * q + 1, s, m] * Lo[q, m, t]
-                        for q, s, t in T.Parallel(P * NB // 2, BLOCK, BLOCK):
-                            Lo[q, t, s] = T16[q, s, t]  # transposed: the next product reads it along rows
-                        T.clear(T16)
-                        for m in T.unroll(BLOCK):
-                            for q, s, t in T.Parallel(P * NB // 2, BLOCK, BLOCK):
-                                T16[q, s, t] += Lo[q, m, s] * Xd[2 * q, m, t]
-                        for q, s, t in T.Parallel(P * NB // 2, BLOCK, BLOCK):
-                            Lo[q, s, t] = T16[q, s, t]
-
-                    # assemble the block-diagonal inverse; row i keeps the C columns of its own chunk
-                    T.clear(out_s)
-                    for p, b, r, c in T.Parallel(P, NB, BLOCK, BLOCK):
-                        out_s[b * BLOCK + r, p, (b * BLOCK) % C + c] = Xd[p * NB + b, r, c]
-                    if C >= 32:
-                        for p, h, r, c in T.Parallel(P, NB // 2, BLOCK, BLOCK):
-                            out_s[h * 32 + BLOCK + r, p, (h * 32) % C + c] = Lo[p * 2 + h, r, c]
-
-                    # level 2: X_10 = -X_11 M_10 X_00 between the two 32 halves
-                    if C == 64:
-                        for p, h, i, j in T.Parallel(P, 2, 32, 32):
-                            Xh = T.if_then_else(
-                                i // BLOCK == j // BLOCK, Xd[p * NB + 2 * h + i // BLOCK, i % BLOCK, j % BLOCK],
-                                T.if_then_else(i > j, Lo[p * 2 + h, i % BLOCK, j], 0.0))
-                            if h == 0:
-                                X00[p, i, j] = Xh
-                            else:
-                                X11[p, i, j] = Xh
-                        for p in T.unroll(P):
-                            T.gemm(X11[p, :, :], M10[p, :, :], F32, clear_accum=True)
-                            T.copy(F32, M10[p, :, :])
-                            T.gemm(M10[p, :, :], X00[p, :, :], F32, clear_accum=True)
-                            T.copy(F32, out_s[32:64, p, 0:32])
+                    invert(inv.Xd, inv.Lo, inv.M10, inv.X00, inv.X11, inv.F32, inv.T16, inv.row, inv.Q_a,
+                           inv.Q_b, inv.X_a, inv.F, out_s, tx)
 
                     # write back the rows of this sequence, for the live value heads
                     for i, p, j in T.Parallel(TILE, P, C):

@@ -6,9 +6,10 @@ The pipeline (`forward`), as named stages over the [B, T, H, D] layout:
     gc = chunk-local cumsum of g                  launch_cumsum      plan.cumsum   (cumsum.py; none where the
                                                                                    per-channel stages sum g)
     A  = kkt_solve(k, beta, gc)                   launch_kkt         plan.kkt      (kkt_solve.py; delta rule)
-    Qg, Kd, Kg, P, D = gla_factors(q, k, gc)      launch_factors     plan.factors  (gla_factors.py; per-channel gate
-                                                                                   on the ws pass: they take the q, k,
-                                                                                   kg, P and g slots)
+    Qg, Kd, Kg, P, A, D = gla_factors(q, k, beta, gc)                 plan.factors  (gla_factors.py; per-channel gate
+                                                  launch_factors                   on the ws pass: they take the q, k,
+                                                                                   kg, P and g slots; with the delta
+                                                                                   rule A too, no kkt_solve)
     o, S = state pass(q, k, v, gc, beta, A, S0)   launch_state_pass  plan.passes   (chunk_fwd_ws.py or chunk_fwd.py;
                                                                                    split: seq_split.py's transform,
                                                                                    launch_combine for the plain update)
@@ -124,44 +125,47 @@ def launch_l2norm(key: tuple, x: torch.Tensor, eps: float) -> torch.Tensor:
     return y
 
 
-def launch_kkt(key: tuple, k: torch.Tensor, beta: torch.Tensor, gc: torch.Tensor | None, sched: Schedule,
-               params: torch.Tensor | None = None, scale: float | None = None) -> torch.Tensor:
+def launch_kkt(key: tuple, k: torch.Tensor, beta: torch.Tensor, gc: torch.Tensor | None, sched: Schedule
+               ) -> torch.Tensor:
     """A = (I + strictLower(diag(beta) (Gamma ⊙ K K^T)))^-1 per chunk, [B,T,HV,C] in k's dtype; key (chunk, method,
-    dtype, gate, value heads per pass, gate_in). gc: the fp32 chunk-local cumsum of the scalar ([B,T,HV]) or
-    per-channel ([B,T,HV,K]) gate, or None; with gate_in the per-channel gate's raw input, and params, scale its
-    in-kernel gate's (launch_cumsum's)."""
+    dtype, gate, value heads per pass). gc: the fp32 chunk-local cumsum of the scalar ([B,T,HV]) or per-channel
+    ([B,T,HV,K]) gate, or None."""
     B, Tn, H, K = k.shape
     HV, chunk = beta.shape[2], key[0]
     A = torch.empty(B, Tn, HV, chunk, device=k.device, dtype=k.dtype)
     if sched.num_slots == 0:
         return A
     g = placeholder(k.device, torch.float32).view(1, 1, 1) if gc is None else flat(gc)
-    params, scale = gate_args(k.device, params, scale)
-    compiled(kkt_solve_kernel, *key)(flat(k), flat(beta).float(), g, params, sched.cu, flat(A), HV // H, scale,
-                                     *sched.grid)
+    compiled(kkt_solve_kernel, *key)(flat(k), flat(beta).float(), g, sched.cu, flat(A), HV // H, *sched.grid)
     return A
 
 
-def launch_factors(key: tuple, q: torch.Tensor, k: torch.Tensor, g: torch.Tensor, scale: float, sched: Schedule,
-                   params: torch.Tensor | None = None, gate_scale: float | None = None):
-    """(Qg, Kd, Kg, P, D) of a per-key-channel gate: Q ⊙ exp(gc), K ⊙ exp(gc_last - gc) and (with the delta rule,
-    else None) K ⊙ exp(gc) as [B, T, HV, K] and the scaled intra-chunk scores as [B, T, HV, 64], in q's dtype;
-    D = exp(gc_last) per tile slot [slots, HV, K] fp32. key (K, dtype, gate_in, delta rule): g [B, T, HV, K] is the
-    raw gate of gate_in (params, gate_scale its in-kernel gate's), or the fp32 chunk-local cumsum."""
+def launch_factors(key: tuple, q: torch.Tensor, k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor | None,
+                   scale: float, sched: Schedule, params: torch.Tensor | None = None,
+                   gate_scale: float | None = None):
+    """(Qg, Kd, Kg, P, A, D) of a per-key-channel gate: Q ⊙ exp(gc), K ⊙ exp(gc_last - gc) and (with the delta rule,
+    else None) K ⊙ exp(gc) as [B, T, HV, K], the scaled intra-chunk scores as [B, T, HV, 64] and (with the delta rule,
+    else None) kkt_solve's A [B, T, HV, 64] from beta [B, T, HV], in q's dtype; D = exp(gc_last) per tile slot
+    [slots, HV, K] fp32. key (K, dtype, gate_in, delta rule): g [B, T, HV, K] is the raw gate of gate_in (params,
+    gate_scale its in-kernel gate's), or the fp32 chunk-local cumsum."""
     B, Tn, H, K = q.shape
     HV = g.shape[2]
+    delta = key[3]
     Qg = torch.empty(B, Tn, HV, K, device=q.device, dtype=q.dtype)
     Kd = torch.empty_like(Qg)
-    Kg = torch.empty_like(Qg) if key[3] else None
+    Kg = torch.empty_like(Qg) if delta else None
     P = torch.empty(B, Tn, HV, TILE, device=q.device, dtype=q.dtype)
+    A = torch.empty_like(P) if delta else None
     D = torch.empty(max(sched.num_slots, 1), HV, K, device=q.device, dtype=torch.float32)
     if sched.num_slots == 0:
-        return Qg, Kd, Kg, P, D
+        return Qg, Kd, Kg, P, A, D
     params, gate_scale = gate_args(q.device, params, gate_scale)
-    compiled(gla_factors_kernel, *key)(flat(q), flat(k), flat(g), params, sched.cu, flat(Qg), flat(Kd),
-                                       placeholder(q.device, q.dtype) if Kg is None else flat(Kg), flat(P), D,
-                                       float(scale), gate_scale, *sched.grid)
-    return Qg, Kd, Kg, P, D
+    absent = placeholder(q.device, q.dtype)
+    compiled(gla_factors_kernel, *key)(flat(q), flat(k), flat(g),
+                                       flat(beta).float() if delta else placeholder(q.device, torch.float32),
+                                       params, sched.cu, flat(Qg), flat(Kd), flat(Kg) if delta else absent, flat(P),
+                                       flat(A) if delta else absent, D, float(scale), gate_scale, *sched.grid)
+    return Qg, Kd, Kg, P, A, D
 
 
 def launch_state_pass(cfg, q, k, v, g, beta, A, h0, cu, N, kg=None, P=None):
@@ -216,8 +220,8 @@ def forward(plan: Plan, q, k, v, g, beta, initial_state=None, cu_seqlens=None, *
     the state alone). g: the raw log gate ([B, T, HV] or [B, T, HV, K]), its chunk-local cumsum for a plan made
     with g_input="cumsum", or the in-kernel gate's input for a plan with a gate form (gate_params its (a, b) per
     gate column, gate_scale the sigmoid form's lower bound); beta [B, T, HV] for the delta rule; initial_state
-    [N, HV, K, V]. A: kkt_solve's output to use instead of that stage (the delta rule; tests isolate the state pass
-    with it)."""
+    [N, HV, K, V]. A: the UT transform to use instead of the pipeline's (kkt_solve's, or gla_factors'; the delta
+    rule; tests isolate the state pass with it)."""
     sched = Schedule.of(q, cu_seqlens)
     _check(plan, q, v, g, beta, initial_state, sched)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
@@ -226,12 +230,15 @@ def forward(plan: Plan, q, k, v, g, beta, initial_state=None, cu_seqlens=None, *
         g = launch_cumsum(plan.cumsum, g, sched, gate_scale, gate_params) if plan.cumsum else g
     if plan.delta:
         beta = beta.contiguous() if beta.dtype in (torch.float32, q.dtype) else beta.float().contiguous()
-        A = launch_kkt(plan.kkt, k, beta, g, sched, gate_params, gate_scale) if A is None else A.contiguous()
+        A = launch_kkt(plan.kkt, k, beta, g, sched) if A is None and plan.kkt else A
     kg = P = None
     if plan.factors:  # the state-independent factors first, in the q, k, g, kg and P slots (chunk_fwd_ws.py)
-        q, k, kg, P, g = launch_factors(plan.factors, q, k, g, plan.output.scale, sched, gate_params, gate_scale)
+        q, k, kg, P, A_f, g = launch_factors(plan.factors, q, k, g, beta, plan.output.scale, sched, gate_params,
+                                             gate_scale)
+        A = A_f if A is None else A
     elif g is not None:
         g = g.float()
+    A = None if A is None else A.contiguous()
     h0 = None if initial_state is None else initial_state.float().contiguous()
     if plan.split is None:
         o, ht = launch_state_pass(plan.output, q, k, v, g, beta, A, h0, sched.cu, sched.N, kg, P)

@@ -7,8 +7,9 @@ A plan answers, in this order:
   coverage     does the TileLang pipeline serve this call at all (`covers`), else the PyTorch path runs
   gate         "none", "scalar" ([B, T, HV]) or "channel" ([B, T, HV, K], per key channel)
   update rule  the delta rule (beta, kkt_solve's A) or the plain update S += K^T V
-  stages       cumsum of the gate (unless the per-channel stages sum it in their tiles), kkt_solve (delta rule),
-               gla_factors (per-channel gate on the warp-specialised pass), then one state/output pass
+  stages       cumsum of the gate (unless gla_factors sums it in its tiles), kkt_solve (delta rule), gla_factors
+               (per-channel gate on the warp-specialised pass; with the delta rule it forms A too, in place of
+               kkt_solve), then one state/output pass
   state pass   "ws" (chunk_fwd_ws.py, K = V in {64, 128}) or "loop" (chunk_fwd.py, every configuration); "auto"
                takes ws wherever it covers; its DV block from the cost model below
   split        the sequence split (seq_split.py) where the cost model says it pays: the transitions' pass, the
@@ -236,10 +237,11 @@ class Plan:
 
     cumsum       (chunk, g dtype, gate form) of chunk_local_cumsum on the gate, or None (no gate, or the per-channel
                  stages sum it); the form is "log" or FLA's in-kernel gate ("softplus", "sigmoid": tilela._gates)
-    kkt          (chunk, method, dtype, gate, value heads per pass, gate_in) of kkt_solve (delta rule)
-    factors      (K, dtype, gate_in, delta rule: writes Kg) of gla_factors (per-channel gate on the warp-specialised
-                 pass)
-    gate_in: (g dtype, gate form) where the stage sums the raw gate in its tile, None where it reads gc
+    kkt          (chunk, method, dtype, gate, value heads per pass) of kkt_solve (delta rule, unless gla_factors
+                 forms A)
+    factors      (K, dtype, gate_in, delta rule: writes Kg and A) of gla_factors (per-channel gate on the
+                 warp-specialised pass); gate_in: (g dtype, gate form) where it sums the raw gate in its tiles, None
+                 where it reads gc
     passes       the state/output launches: (outputs,) unsplit, (transitions, outputs) split
     split        the SegmentPlan of the call's host lengths, or None
     combine      (K, V, gate, reads an initial state) of seq_combine (the plain update's split)
@@ -268,12 +270,11 @@ class Plan:
         return self.passes[-1]
 
 
-def kkt_key(chunk: int, method: str, dtype: str, gate: str, group: int, gate_in: tuple | None = None) -> tuple:
+def kkt_key(chunk: int, method: str, dtype: str, gate: str, group: int) -> tuple:
     """kkt_solve's compile key: two value heads per pass when the GVA group is even (the forward substitution then
-    keeps all 128 threads busy), one under a per-channel gate (each value head forms its own scores); gate_in as in
-    Plan."""
+    keeps all 128 threads busy), one under a per-channel gate (each value head forms its own scores)."""
     pair = 2 if group % 2 == 0 and gate != "channel" else 1
-    return (chunk, method, dtype, gate, pair, gate_in)
+    return (chunk, method, dtype, gate, pair)
 
 
 def make_plan(*, lengths, **facts) -> Plan:
@@ -336,12 +337,12 @@ def _plan(*, dtype: str, beta_dtype: str | None, gate_dtype: str | None, gate: s
     if gate_form != "log" and (gate == "none" or g_input == "cumsum"):
         raise ValueError(f"gate_form: {gate_form!r} forms the log gate from g, which this plan has not (gate "
                          f"{gate!r}, g_input {g_input!r})")
-    # the per-channel stages before the ws pass (gla_factors, and kkt_solve with the delta rule) sum the raw gate in
-    # their tiles; the loop pass reads gc, so the cumsum stage makes it there
+    # before the ws pass, gla_factors sums the per-channel raw gate in its tiles and, with the delta rule, forms A
+    # from its own score operands; the loop pass reads gc, so the cumsum stage makes it there, and kkt_solve A
     gate_in = (gate_dtype, gate_form) if g_input == "raw" else None
     factors = (K, dtype, gate_in, delta) if ws and gate == "channel" else None
     cumsum = None if gate == "none" or g_input == "cumsum" or factors else (CHUNK, gate_dtype, gate_form)
-    kkt = kkt_key(CHUNK, "blocked", dtype, gate, HV // H, gate_in if factors else None) if delta else None
+    kkt = kkt_key(CHUNK, "blocked", dtype, gate, HV // H) if delta and not factors else None
     rule = update_rule(gate, delta)
 
     def state_pass(V_pass, grid, varlen_pass, h0, ht, store_output, block=None):
