@@ -1,6 +1,7 @@
 """Every shipped Hopper kernel family once on small varlen inputs, for compute-sanitizer (benchmarks/sanitize.sh).
 
-    python benchmarks/sanitize_driver.py [--only cumsum,kkt,ws,loop,split,public] [--dtypes bf16,fp16] [--list]
+    python benchmarks/sanitize_driver.py [--only cumsum,kkt,factors,ws,loop,split,public] [--dtypes bf16,fp16]
+                                         [--list]
 
 Inputs: sequences of (1, 63, 64, 65, 130, 1, 7) tokens (one-token and non-multiple-of-64 ones, a 64-token boundary
 and a sequence of three chunks), 2 q/k heads and 4 value heads (GVA 2; 2 value heads where a kernel has a separate
@@ -9,6 +10,8 @@ GVA-1 variant), an initial state, the final state stored. Families:
           forms (through the launcher);
   kkt     kkt_solve at every chunk size, inverse, dtype, gate kind and value-head pairing (public op; the
           per-channel gate through the launcher);
+  factors gla_factors at every shipped configuration (through the launcher: K, dtype, gc or the raw gate of each
+          form and dtype, with and without the delta rule's Kg and A);
   ws      the warp-specialised state/output pass at every DV block of every configuration it covers (levels 1-4 and
           GDN at K = 64 and 128; gla through gla_factors, summing the raw gate itself and from a given cumsum);
   loop    the single-warp-group pass for every level and KDA at K = 64 and 128, and the levels without a per-channel
@@ -51,7 +54,7 @@ def entry_points():
     the state/output pass as chunk_forward(q, k, v, g_cumsum, beta, A, scale, h0, output_final_state, cu_seqlens, *,
     kernel, block_DV, segments, g_is_cumsum) over hopper.plan_call / hopper.forward, the DV blocks and coverage of
     the warp-specialised pass, the segment plan of the sequence split, the kkt_solve launcher (the public op takes no
-    per-channel gate) and the shipped cumsum / kkt configuration lists."""
+    per-channel gate), the gla_factors launcher and the shipped cumsum / kkt / gla_factors configuration lists."""
     from tilela.kernels import hopper
     from tilela.kernels.hopper import launch, plan
 
@@ -74,6 +77,11 @@ def entry_points():
         key = plan.kkt_key(chunk, method, hopper.DTYPE_NAMES[k.dtype], gate, beta.shape[2] // k.shape[2])
         return launch.launch_kkt(key, k, beta, gc, launch.Schedule.of(k, cu))
 
+    def factors(key, q, k, g, beta, scale, cu, params=None, lower=None):
+        """(Qg, A or None) of gla_factors' configuration key on g (gc, or the raw gate of key's gate_in)."""
+        Qg, _, _, _, A, _ = launch.launch_factors(key, q, k, g, beta, scale, launch.Schedule.of(q, cu), params, lower)
+        return Qg, A
+
     return SimpleNamespace(
         chunk_forward=chunk_forward,
         dv_blocks=plan.dv_blocks,
@@ -81,6 +89,8 @@ def entry_points():
         ws_covers=lambda K, gate, delta, dtype: plan.ws_covers(hopper.DTYPE_NAMES[dtype], K, K, gate, delta),
         segment_plan=plan.SegmentPlan.of,
         kkt_solve=kkt_solve,
+        factors=factors,
+        factors_configs=hopper.GLA_FACTORS_CONFIGS,  # (K, dtype name, gate_in, delta rule)
         cumsum_in_kernel_gate=cumsum_in_kernel_gate,
         cumsum_configs=hopper.CUMSUM_CONFIGS,  # (chunk, g dtype name, gate form)
         kkt_configs=hopper.KKT_CONFIGS,  # (chunk, method, dtype name, gate, value heads per pass)
@@ -170,6 +180,31 @@ def jobs(ep, dtypes: list[str]) -> list[tuple[str, str, object]]:
                                      method=method, cu_seqlens_cpu=x["cu"])
             return (rel_l2(A, reference.kkt_solve(x["k"], x["beta"], gc, C, x["cu"])),)
         out.append(("kkt", f"kkt C{C} {method} {dtype_name} {gate} pair{pair}", kkt))
+    for K, dtype_name, gate_in, delta in ep.factors_configs:
+        if {"bfloat16": "bf16", "float16": "fp16"}[dtype_name] not in dtypes:
+            continue
+
+        def factors(K=K, dtype=getattr(torch, dtype_name), gate_in=gate_in, delta=delta):
+            x = make_inputs(K, dtype)
+            g, params, lower = x["g_channel"], None, None
+            raw = g
+            if gate_in is not None:  # the raw gate summed in the tile: the log gate, or the sigmoid form's input
+                form = gate_in[1]
+                raw = (g if form == "log" else g * 8).to(getattr(torch, gate_in[0]))
+                params = torch.stack((torch.full(raw.shape[2:], 4.0), torch.full(raw.shape[2:], -3.0)))
+                lower = -5.0 if form == "sigmoid" else None
+                g = apply_gate(raw.double(), form, params.double(), lower)
+            gc = reference.chunk_local_cumsum(g, 64, x["cu"])
+            d = cuda(x)
+            g_dev = (gc.float() if gate_in is None else raw).cuda()
+            Qg, A = ep.factors((K, dtype_name, gate_in, delta), d["q"], d["k"], g_dev, d["beta"] if delta else None,
+                               K ** -0.5, d["cu"], None if params is None else params.cuda(), lower)
+            G = x["v"].shape[2] // H
+            errors = (rel_l2(Qg, x["q"].double().repeat_interleave(G, dim=2) * gc.exp()),)
+            if delta:
+                errors += (rel_l2(A, reference.kkt_solve(x["k"], x["beta"], gc, 64, x["cu"])),)
+            return errors
+        out.append(("factors", f"factors K{K} {dtype_name} gate_in {gate_in} delta {delta}", factors))
     for name in dtypes:
         dtype = DTYPES[name]
         for level, (gate, delta) in LEVELS.items():
@@ -238,7 +273,8 @@ def public_job(level: str, dtype: torch.dtype, in_kernel_gate: bool = False):
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--only", default=None, help="comma-separated families (cumsum, kkt, ws, loop, split, public)")
+    parser.add_argument("--only", default=None,
+                        help="comma-separated families (cumsum, kkt, factors, ws, loop, split, public)")
     parser.add_argument("--dtypes", default="bf16,fp16")
     parser.add_argument("--list", action="store_true", help="print the calls and exit")
     args = parser.parse_args(argv)

@@ -23,17 +23,17 @@ sequence end hold gc of its last row.
 
 The scores exp(gc_i - gc_j) (q_i . k_j) and (k_i . k_j), two ways, chosen per tile:
   - the tile decays by at most e^-80 in every channel (gc_last >= -80): one product each of (Q ⊙ exp gc) and of
-    (K ⊙ exp gc) with the key operand (K ⊙ exp(-gc)), whose factors stay below e^80 (within the fp32/bf16
-    exponent range);
+    (K ⊙ exp gc), Qg and Kg themselves (stored as formed), with the key operand (K ⊙ exp(-gc)), whose factors stay
+    below e^80 (within the fp32/bf16 exponent range);
   - else per 16-row block a against the reference R_a = gc at its first row (kkt_solve.gated_kkt's): query and key
     rows i of block a as x_i exp(gc_i - R_a), formed once, times the key operand k_j exp(R_a - gc_j) over the rows
     j < 16 (a + 1), keeping a's rows. Only the diagonal 16x16 block has a positive exponent, over at most 15
     tokens: exact while no key channel decays by more than e^-80 within 16 tokens.
 Causal entries only (select, not multiply: the products above the diagonal may be huge). The score operands are bf16
 for bf16 inputs, fp32 (tf32) for fp16 ones (common.channel_score_dtype). Qg, Kd, Kg have non-positive exponents and
-leave in the input dtype, as do P and A; P and A leave through shared memory as whole rows. Rows past the sequence
-end are not stored: the next sequence's tile owns them. A's scores go straight from the key rows' product into
-kkt_solve.py's inverse (tile_inverse, blocked, one value head).
+leave in the input dtype, as do P and A; A, and P of a one-product tile, leave through shared memory as whole rows.
+Rows past the sequence end are not stored: the next sequence's tile owns them. A's scores go straight from the key
+rows' product into kkt_solve.py's inverse (tile_inverse, blocked, one value head).
 """
 
 import tilelang.language as T
@@ -78,6 +78,21 @@ def gla_factors_kernel(K: int, dtype: str, gate_in: tuple | None, delta: bool = 
                 elif i >= 2 * BLOCK and j < 2 * BLOCK:
                     M10[0, i - 2 * BLOCK, j] = -L
 
+    @T.macro
+    def store_Qg_Kg(Q_s, Kq_s, k_s, g_s, start, rows, hv, Qg, Kg, formed):
+        """Qg = Q ⊙ exp(gc) and (delta rule) Kg = K ⊙ exp(gc) of the tile's rows before the sequence end: formed,
+        they are the one-product scores' operands Q_s and Kq_s as they are; else from q (in Q_s) and k_s."""
+        for i, d in T.Parallel(C, K):
+            if i < rows:
+                if formed:
+                    Qg[0, start + i, hv, d] = Q_s[i, d]
+                    if delta:
+                        Kg[0, start + i, hv, d] = Kq_s[i, d]
+                else:
+                    Qg[0, start + i, hv, d] = Q_s[i, d] * T.exp2(g_s[i, d])
+                    if delta:
+                        Kg[0, start + i, hv, d] = k_s[i, d] * T.exp2(g_s[i, d])
+
     @T.prim_func
     def gla_factors(
         q: T.Tensor((1, num_tokens, H, K), dtype),
@@ -117,7 +132,7 @@ def gla_factors_kernel(K: int, dtype: str, gate_in: tuple | None, delta: bool = 
                 Kr_s = T.alloc_shared((C, K), score_dtype)  # the scores' key operand; then P's and A's staging
                 out_s = T.view(Kr_s, staging, dtype)
                 P_f = T.alloc_fragment((C, C), accum)
-                Pa_f = T.alloc_fragment((C, C), accum)
+                Kq_s = None
                 if delta:
                     Kq_s = T.alloc_shared((C, K), score_dtype)  # the key rows' operand of K K^T's scores
                     beta_s = T.alloc_shared((C,), accum)
@@ -133,10 +148,7 @@ def gla_factors_kernel(K: int, dtype: str, gate_in: tuple | None, delta: bool = 
                 gate_tile(g, params, gate_scale, start, end, hv, K, g_s, ab_s, acc, form)
                 for i, d in T.Parallel(C, K):
                     if i < rows:
-                        Qg[0, start + i, hv, d] = Q_s[i, d] * T.exp2(g_s[i, d])
                         Kd[0, start + i, hv, d] = k_s[i, d] * T.exp2(g_s[C - 1, d] - g_s[i, d])
-                        if delta:
-                            Kg[0, start + i, hv, d] = k_s[i, d] * T.exp2(g_s[i, d])
                 for d in T.Parallel(K):
                     D[slot, hv, d] = T.exp2(g_s[C - 1, d])
                 least = 0.0
@@ -148,11 +160,18 @@ def gla_factors_kernel(K: int, dtype: str, gate_in: tuple | None, delta: bool = 
                         Kr_s[i, d] = k_s[i, d] * T.exp2(-g_s[i, d])
                         if delta:
                             Kq_s[i, d] = k_s[i, d] * T.exp2(g_s[i, d])
+                    store_Qg_Kg(Q_s, Kq_s, k_s, g_s, start, rows, hv, Qg, Kg, True)
                     T.gemm(Q_s, Kr_s, P_f, transpose_B=True, clear_accum=True)
                     if delta:
                         T.gemm(Kq_s, Kr_s, KK, transpose_B=True, clear_accum=True)
                         unit_lower_rows(KK, 0, C, rows, beta_s, inv.Xd, inv.Lo, inv.M10)
+                    for i, j in T.Parallel(C, C):  # whole rows through the key operand's memory, dead now
+                        out_s[i, 0, j] = T.if_then_else(j <= i, P_f[i, j] * scale, 0)
+                    for i, j in T.Parallel(C, C):
+                        if i < rows:
+                            P[0, start + i, hv, j] = out_s[i, 0, j]
                 else:  # row block a against its reference R_a = g at its first row
+                    store_Qg_Kg(Q_s, None, k_s, g_s, start, rows, hv, Qg, Kg, False)
                     for i, d in T.Parallel(C, K):
                         Q_s[i, d] = Q_s[i, d] * T.exp2(g_s[i, d] - g_s[i // BLOCK * BLOCK, d])
                         if delta:
@@ -160,21 +179,14 @@ def gla_factors_kernel(K: int, dtype: str, gate_in: tuple | None, delta: bool = 
                     for a in ROW_BLOCKS:
                         for j, d in T.Parallel((a + 1) * BLOCK, K):  # later rows: stale, in columns not kept
                             Kr_s[j, d] = k_s[j, d] * T.exp2(g_s[a * BLOCK, d] - g_s[j, d])
-                        if a == 0:
-                            T.gemm(Q_s, Kr_s, P_f, transpose_B=True, clear_accum=True)
-                        else:
-                            T.gemm(Q_s, Kr_s, Pa_f, transpose_B=True, clear_accum=True)
-                            for i, j in T.Parallel(C, C):
-                                P_f[i, j] = T.if_then_else(i >= a * BLOCK, Pa_f[i, j], P_f[i, j])
+                        T.gemm(Q_s, Kr_s, P_f, transpose_B=True, clear_accum=True)
+                        for i, j in T.Parallel(C, C):  # from the fragment: Kr_s is the next block's operand
+                            if i // BLOCK == a and i < rows:
+                                P[0, start + i, hv, j] = T.if_then_else(j <= i, P_f[i, j] * scale, 0)
                         if delta:
                             T.gemm(Kq_s, Kr_s, KK, transpose_B=True, clear_accum=True)
                             unit_lower_rows(KK, a * BLOCK, (a + 1) * BLOCK, rows, beta_s, inv.Xd, inv.Lo, inv.M10)
 
-                for i, j in T.Parallel(C, C):
-                    out_s[i, 0, j] = T.if_then_else(j <= i, P_f[i, j] * scale, 0)
-                for i, j in T.Parallel(C, C):
-                    if i < rows:
-                        P[0, start + i, hv, j] = out_s[i, 0, j]
                 if delta:
                     invert(inv.Xd, inv.Lo, inv.M10, inv.X00, inv.X11, inv.F32, inv.T16, inv.row, inv.Q_a, inv.Q_b,
                            inv.X_a, inv.F, out_s, tx)
