@@ -184,8 +184,8 @@ def jobs(ep, dtypes: list[str]) -> list[tuple[str, str, object]]:
         if {"bfloat16": "bf16", "float16": "fp16"}[dtype_name] not in dtypes:
             continue
 
-        def factors(K=K, dtype=getattr(torch, dtype_name), gate_in=gate_in, delta=delta):
-            x = make_inputs(K, dtype)
+        def factors(K=K, dtype_name=dtype_name, gate_in=gate_in, delta=delta):
+            x = make_inputs(K, getattr(torch, dtype_name))
             g, params, lower = x["g_channel"], None, None
             raw = g
             if gate_in is not None:  # the raw gate summed in the tile: the log gate, or the sigmoid form's input

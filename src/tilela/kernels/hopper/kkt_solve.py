@@ -113,15 +113,17 @@ def tile_inverse(C: int, P: int, method: str):
     def invert(Xd, Lo, M10, X00, X11, F32, T16, row, Q_a, Q_b, X_a, F, out_s, tx):
         # level 0: the P * NB diagonal 16x16 blocks
         if method == "blocked":
-            # lane (b, t) owns column t of block b: 16 lanes per block, two blocks per warp
+            # lane (b, t) owns column t of block b: 16 lanes per block, two blocks per warp; with P = 1 the upper
+            # 64 threads have no block and stay out (their reads would race the lanes' writes)
             b = (tx // BLOCK) % (P * NB)
             t = tx % BLOCK
             for r in T.unroll(1, BLOCK):
-                for m in T.unroll(r):
-                    row[m] = Xd[b, r, m]  # row backup: L[r, :r] before it is overwritten
-                row[BLOCK] = 0.0
-                for m in T.unroll(r):
-                    row[BLOCK] -= Xd[b, m, t] * row[m]
+                if tx < P * NB * BLOCK:
+                    for m in T.unroll(r):
+                        row[m] = Xd[b, r, m]  # row backup: L[r, :r] before it is overwritten
+                    row[BLOCK] = 0.0
+                    for m in T.unroll(r):
+                        row[BLOCK] -= Xd[b, m, t] * row[m]
                 if t < r and tx < P * NB * BLOCK:
                     Xd[b, r, t] = row[BLOCK]
         else:
