@@ -275,39 +275,37 @@ def kkt_solve_kernel(chunk: int, method: str, dtype: str, gate: str, pair: int) 
                         if i // BLOCK >= j // BLOCK:
                             KKs[(i // BLOCK) * (i // BLOCK + 1) // 2 + j // BLOCK, i % BLOCK, j % BLOCK] = KK[i, j]
 
-                for run in T.serial(per):
-                    grp = first + run
-                    if grp < T.ceildiv(G, P):  # the last CTA's run may be shorter, or empty
-                        hv0 = hk * G + grp * P
-                        for p, i in T.Parallel(P, TILE):
-                            live = (i < rows) and (grp * P + p < G)
-                            beta_s[p, i] = T.if_then_else(live, beta[0, start + i, hv0 + p], 0.0)
-                            if scalar:
-                                g_s[p, i] = T.if_then_else(live, g[0, start + i, hv0 + p] * LOG2E, 0.0)
-                        if channel:  # k_s is the previous value head's output staging
-                            T.copy(k[0, start:start + TILE, hk, 0:KSTEP], k_s)
-                            gate_tile(g, None, 1.0, start, end, hv0, K, gc_s, None, None, None)
-                            gated_kkt(k_s, gc_s, Qr, Kr, KK, KKs)
+                for grp in T.serial(first, T.min(first + per, T.ceildiv(G, P))):
+                    hv0 = hk * G + grp * P
+                    for p, i in T.Parallel(P, TILE):
+                        live = (i < rows) and (grp * P + p < G)
+                        beta_s[p, i] = T.if_then_else(live, beta[0, start + i, hv0 + p], 0.0)
+                        if scalar:
+                            g_s[p, i] = T.if_then_else(live, g[0, start + i, hv0 + p] * LOG2E, 0.0)
+                    if channel:  # k_s is the previous value head's output staging
+                        T.copy(k[0, start:start + TILE, hk, 0:KSTEP], k_s)
+                        gate_tile(g, None, 1.0, start, end, hv0, K, gc_s, None, None, None)
+                        gated_kkt(k_s, gc_s, Qr, Kr, KK, KKs)
 
-                        # extraction: I + L on the diagonal blocks, -L_10 and -M_10 off them (L_ij, i > j, same chunk)
-                        Xd, Lo, M10 = inv.Xd, inv.Lo, inv.M10
-                        for p, b, r, c in T.Parallel(P, NB, BLOCK, BLOCK):
-                            Xd[p * NB + b, r, c] = T.if_then_else(
-                                r == c, 1.0, T.if_then_else(c < r, scaled(KKs, beta_s, g_s, rows, p, b, b, r, c), 0.0))
-                        if C >= 32:
-                            for p, h, r, c in T.Parallel(P, NB // 2, BLOCK, BLOCK):
-                                Lo[p * 2 + h, r, c] = -scaled(KKs, beta_s, g_s, rows, p, 2 * h + 1, 2 * h, r, c)
-                        if C == 64:
-                            for p, r, c in T.Parallel(P, 32, 32):
-                                M10[p, r, c] = -scaled(KKs, beta_s, g_s, rows, p, 2 + r // BLOCK, c // BLOCK, r % BLOCK,
-                                                       c % BLOCK)
+                    # extraction: I + L on the diagonal blocks, -L_10 and -M_10 off them (L_ij, i > j, same chunk)
+                    Xd, Lo, M10 = inv.Xd, inv.Lo, inv.M10
+                    for p, b, r, c in T.Parallel(P, NB, BLOCK, BLOCK):
+                        Xd[p * NB + b, r, c] = T.if_then_else(
+                            r == c, 1.0, T.if_then_else(c < r, scaled(KKs, beta_s, g_s, rows, p, b, b, r, c), 0.0))
+                    if C >= 32:
+                        for p, h, r, c in T.Parallel(P, NB // 2, BLOCK, BLOCK):
+                            Lo[p * 2 + h, r, c] = -scaled(KKs, beta_s, g_s, rows, p, 2 * h + 1, 2 * h, r, c)
+                    if C == 64:
+                        for p, r, c in T.Parallel(P, 32, 32):
+                            M10[p, r, c] = -scaled(KKs, beta_s, g_s, rows, p, 2 + r // BLOCK, c // BLOCK, r % BLOCK,
+                                                   c % BLOCK)
 
-                        invert(inv.Xd, inv.Lo, inv.M10, inv.X00, inv.X11, inv.F32, inv.T16, inv.row, inv.Q_a,
-                               inv.Q_b, inv.X_a, inv.F, out_s, tx)
+                    invert(inv.Xd, inv.Lo, inv.M10, inv.X00, inv.X11, inv.F32, inv.T16, inv.row, inv.Q_a,
+                           inv.Q_b, inv.X_a, inv.F, out_s, tx)
 
-                        # write back the rows of this sequence, for the live value heads
-                        for i, p, j in T.Parallel(TILE, P, C):
-                            if i < rows and grp * P + p < G:
-                                A[0, start + i, hv0 + p, j] = out_s[i, p, j]
+                    # write back the rows of this sequence, for the live value heads
+                    for i, p, j in T.Parallel(TILE, P, C):
+                        if i < rows and grp * P + p < G:
+                            A[0, start + i, hv0 + p, j] = out_s[i, p, j]
 
     return kkt_solve
