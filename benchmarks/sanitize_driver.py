@@ -73,11 +73,9 @@ def entry_points():
         return launch.launch_cumsum(key, raw, launch.Schedule.of(raw, cu), lower_bound, params)
 
     def kkt_solve(k, beta, gc, chunk, cu, method="blocked"):
-        """kkt_solve with its value-head pairs split over as many CTAs as there are pairs (plan.kkt_split's most)."""
         gate = "none" if gc is None else ("scalar" if gc.dim() == 3 else "channel")
         key = plan.kkt_key(chunk, method, hopper.DTYPE_NAMES[k.dtype], gate, beta.shape[2] // k.shape[2])
-        pairs = -(-beta.shape[2] // k.shape[2] // key[4])
-        return launch.launch_kkt(key, k, beta, gc, launch.Schedule.of(k, cu), pairs)
+        return launch.launch_kkt(key, k, beta, gc, launch.Schedule.of(k, cu))
 
     def factors(key, q, k, g, beta, scale, cu, params=None, lower=None):
         """(Qg, A or None) of gla_factors' configuration key on g (gc, or the raw gate of key's gate_in)."""

@@ -134,7 +134,7 @@ def test_kkt_solve_per_channel_gate(chunk, method, dtype, kind):
     key = plan.kkt_key(chunk, method, hopper.DTYPE_NAMES[dtype], "channel", HV // H)
     k_dev = k.to(DEV)
     A = launch.launch_kkt(key, k_dev, beta.to(DEV), gc.to(DEV),
-                          launch.Schedule.of(k_dev, None if cu is None else cu.to(DEV)), HV // H)  # a CTA per head
+                          launch.Schedule.of(k_dev, None if cu is None else cu.to(DEV)))
     ref = reference.kkt_solve(k, beta, gc, chunk, cu)
     assert A.dtype == dtype and A.shape == (B, T, HV, chunk)
     assert torch.isfinite(A).all()
@@ -175,23 +175,6 @@ def test_gla_factors_A_from_the_raw_gate(g_dtype, form, dtype, K):
     assert A.dtype == dtype and A.shape == (B, T, HV, 64)
     assert torch.isfinite(A).all()
     assert offdiag_err(A, ref, cu) < TOL[dtype]
-
-
-@pytest.mark.parametrize("split", [1, 2, 3, 4])
-@pytest.mark.parametrize("HV", [6, 10])
-def test_kkt_solve_split_over_value_head_pairs(split, HV):
-    """The value-head pairs of a (tile, q/k head) split over `split` CTAs (plan.kkt_split): runs of unequal length
-    (10 heads: 5 pairs over 3 CTAs run 2, 2, 1) and a CTA with none (6 heads: 3 pairs over 4 CTAs); varlen, scalar
-    gate; every split gives the float64 stack's A."""
-    gen = torch.Generator().manual_seed(HV + split)
-    B, T, cu = layout("varlen", gen)
-    k, beta = make_inputs(B, T, 1, HV, 128, torch.bfloat16, gen)
-    gc = reference.chunk_local_cumsum(raw_gate(B, T, HV, "weak", gen), 64, cu).float()
-    key = plan.kkt_key(64, "blocked", "bfloat16", "scalar", HV)
-    assert key[4] == 2
-    k_dev = k.to(DEV)
-    A = launch.launch_kkt(key, k_dev, beta.to(DEV), gc.to(DEV), launch.Schedule.of(k_dev, cu.to(DEV)), split)
-    assert offdiag_err(A, reference.kkt_solve(k, beta, gc, 64, cu), cu) < TOL[torch.bfloat16]
 
 
 def test_kkt_solve_large_matches_reference():

@@ -77,19 +77,6 @@ def test_gdn_plan_names_its_stages_once():
                                                True, 32, True)
 
 
-def test_kkt_split_fills_one_wave_of_small_grids():
-    """kkt_solve's value-head pairs go to CTAs of their own while the grid fills a fraction of one wave: 1x512 at
-    h2/8 (16 CTAs, 2 pairs each) splits in two; a full GPU, one pair per head, or a per-channel gate's two CTAs per
-    SM already covered do not."""
-    assert _plan(H=2, HV=8, lengths=[512], tokens=512).kkt_split == 2
-    assert _plan(H=16, HV=64, lengths=[8192] * 4, tokens=4 * 8192, varlen=True).kkt_split == 1
-    assert _plan(H=16, HV=32, lengths=[512], tokens=512).kkt_split == 1  # one pair per head
-    assert P.kkt_split(8, 2, 8, 2, "scalar", 132) == 4 and P.kkt_split(8, 2, 12, 2, "scalar", 132) == 6
-    assert P.kkt_split(300, 1, 8, 2, "scalar", 132) == 1  # 600 CTAs would pass one wave of 528
-    assert P.kkt_split(8, 2, 4, 1, "channel", 132) == 4 and P.kkt_split(200, 1, 4, 1, "channel", 132) == 1
-    assert _plan(gate="channel").kkt_split == 1  # gla_factors forms A: no kkt_solve stage
-
-
 def test_gla_plan_sums_the_gate_in_its_factors():
     plan = _plan(gate="channel", delta=False, beta_dtype=None)
     assert plan.cumsum is None and plan.kkt is None and plan.factors == (128, "bfloat16", ("float32", "log"), False)

@@ -543,11 +543,8 @@ def kkt_solve(
 
         gate = "none" if g is None else ("scalar" if g.dim() == 3 else "channel")
         key = hopper.plan.kkt_key(chunk_size, method, hopper.DTYPE_NAMES[k.dtype], gate, dims.HV // dims.H)
-        sched = launch.Schedule.of(k, cu_seqlens)
-        split = hopper.plan.kkt_split(sched.num_slots, dims.H, dims.HV // dims.H, key[4], gate,
-                                      hopper.multiprocessors(k.device))
         return launch.launch_kkt(key, k.contiguous(), beta.contiguous(), None if g is None else g.float().contiguous(),
-                                 sched, split)
+                                launch.Schedule.of(k, cu_seqlens))
     return torch_path.kkt_solve(k, beta, g, chunk_size, dims)
 
 

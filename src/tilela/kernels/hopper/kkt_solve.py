@@ -7,11 +7,9 @@ Gamma = 1). Mirrors reference.kkt.kkt_solve with reference.inverse.blocked_inver
 recursion over reference.inverse.neumann_inverse_16 ("neumann"); seeds 000 (blocked recursion) and 003
 (Neumann 16x16).
 
-One CTA owns a 64-row tile of one sequence and one q/k head (or, split ways, a run of its value-head pairs: a grid
-that would leave most SMs idle trades K K^T formed again for shorter CTAs; plan.kkt_split): K K^T is formed once
-(bf16/fp16 wgmma, fp32 accumulator), its ten lower 16x16 blocks are kept in shared memory, and the head's G value
-heads are processed P at a time from them (P = 2 when G is even: the forward substitution then keeps all 128
-threads busy). With a
+One CTA owns a 64-row tile of one sequence and one q/k head: K K^T is formed once (bf16/fp16 wgmma, fp32
+accumulator), its ten lower 16x16 blocks are kept in shared memory, and the head's G value heads are processed
+P at a time from them (P = 2 when G is even: the forward substitution then keeps all 128 threads busy). With a
 per-key-channel gate (KDA: Gamma_ijd = exp(g_id - g_jd)) the scores differ per value head: each value head forms
 its own ten blocks, one 64x64 product per 16-row block against a reference gate (gated_kkt), P = 1, from a gc tile
 in shared memory read once per value head (the loop pass's pipeline; before the warp-specialised pass gla_factors.py
@@ -42,16 +40,13 @@ import tilelang
 import tilelang.language as T
 
 from .common import LOG2E, TILE, channel_score_dtype, gate_tile, locate_tile
-from .plan import KKT_CTAS_PER_SM
 
 BLOCK = 16  # diagonal block size of the recursion
 KSTEP = 128  # K columns per GEMM step (one step for K <= 128)
 THREADS = 128
 ACC = "float32"
-# CTAs per SM (plan.KKT_CTAS_PER_SM, which sizes the split): four caps registers at 128 per thread (shared memory
-# allows it too); the per-channel gate's gc and score tiles leave room for two at most (bf16), so no cap
-MIN_BLOCKS = KKT_CTAS_PER_SM["scalar"]
-CHANNEL_MIN_BLOCKS = KKT_CTAS_PER_SM["channel"]
+MIN_BLOCKS = 4  # caps registers at 128 per thread: four CTAs per SM (shared memory allows it too)
+CHANNEL_MIN_BLOCKS = 2  # per-channel gate: its gc and score tiles leave room for two CTAs at most (bf16), so no cap
 
 
 def inverse_buffers(C: int, P: int, method: str) -> SimpleNamespace:
@@ -179,8 +174,7 @@ def tile_inverse(C: int, P: int, method: str):
 def kkt_solve_kernel(chunk: int, method: str, dtype: str, gate: str, pair: int) -> T.PrimFunc:
     """Build the prim_func for static (chunk, method, dtype, gate, pair); gate "none", "scalar" or "channel" (per
     key channel: one value head per pass, K <= 128, g the float32 chunk-local cumsum [.., HV, K]). Every size
-    (tokens, heads, K, sequences) is symbolic, so a new T, head count or varlen layout reuses the compiled kernel;
-    so is split, the CTAs per (tile, q/k head) (plan.kkt_split)."""
+    (tokens, heads, K, sequences) is symbolic, so a new T, head count or varlen layout reuses the compiled kernel."""
     C, P = chunk, pair
     scalar, channel = gate == "scalar", gate == "channel"
     row_blocks = tuple(range(TILE // BLOCK))
@@ -234,15 +228,11 @@ def kkt_solve_kernel(chunk: int, method: str, dtype: str, gate: str, pair: int) 
         cu_seqlens: T.Tensor((num_bounds,), "int32"),
         A: T.Tensor((1, num_tokens, HV, C), dtype),
         G: T.int32,
-        split: T.int32,
         num_slots: T.int32,
         dense_len: T.int32,
         search_steps: T.int32,
     ):
-        with T.Kernel(num_slots, H * split, threads=THREADS) as (slot, by):
-            hk = by // split
-            per = T.ceildiv(T.ceildiv(G, P), split)  # pairs of value heads per CTA; CTA by % split takes its run
-            first = by % split * per
+        with T.Kernel(num_slots, H, threads=THREADS) as (slot, hk):
             tx = T.get_thread_binding()
             T.annotate_min_blocks_per_sm(CHANNEL_MIN_BLOCKS if channel else MIN_BLOCKS)
             bounds = T.alloc_local((2,), "int32")
@@ -275,7 +265,7 @@ def kkt_solve_kernel(chunk: int, method: str, dtype: str, gate: str, pair: int) 
                         if i // BLOCK >= j // BLOCK:
                             KKs[(i // BLOCK) * (i // BLOCK + 1) // 2 + j // BLOCK, i % BLOCK, j % BLOCK] = KK[i, j]
 
-                for grp in T.serial(first, T.min(first + per, T.ceildiv(G, P))):
+                for grp in T.serial(T.ceildiv(G, P)):
                     hv0 = hk * G + grp * P
                     for p, i in T.Parallel(P, TILE):
                         live = (i < rows) and (grp * P + p < G)

@@ -125,18 +125,18 @@ def launch_l2norm(key: tuple, x: torch.Tensor, eps: float) -> torch.Tensor:
     return y
 
 
-def launch_kkt(key: tuple, k: torch.Tensor, beta: torch.Tensor, gc: torch.Tensor | None, sched: Schedule,
-               split: int) -> torch.Tensor:
+def launch_kkt(key: tuple, k: torch.Tensor, beta: torch.Tensor, gc: torch.Tensor | None, sched: Schedule
+               ) -> torch.Tensor:
     """A = (I + strictLower(diag(beta) (Gamma ⊙ K K^T)))^-1 per chunk, [B,T,HV,C] in k's dtype; key (chunk, method,
-    dtype, gate, value heads per pass), split the CTAs per (tile, q/k head) (plan.kkt_split). gc: the fp32
-    chunk-local cumsum of the scalar ([B,T,HV]) or per-channel ([B,T,HV,K]) gate, or None."""
+    dtype, gate, value heads per pass). gc: the fp32 chunk-local cumsum of the scalar ([B,T,HV]) or per-channel
+    ([B,T,HV,K]) gate, or None."""
     B, Tn, H, K = k.shape
     HV, chunk = beta.shape[2], key[0]
     A = torch.empty(B, Tn, HV, chunk, device=k.device, dtype=k.dtype)
     if sched.num_slots == 0:
         return A
     g = placeholder(k.device, torch.float32).view(1, 1, 1) if gc is None else flat(gc)
-    compiled(kkt_solve_kernel, *key)(flat(k), flat(beta).float(), g, sched.cu, flat(A), HV // H, split, *sched.grid)
+    compiled(kkt_solve_kernel, *key)(flat(k), flat(beta).float(), g, sched.cu, flat(A), HV // H, *sched.grid)
     return A
 
 
@@ -230,7 +230,7 @@ def forward(plan: Plan, q, k, v, g, beta, initial_state=None, cu_seqlens=None, *
         g = launch_cumsum(plan.cumsum, g, sched, gate_scale, gate_params) if plan.cumsum else g
     if plan.delta:
         beta = beta.contiguous() if beta.dtype in (torch.float32, q.dtype) else beta.float().contiguous()
-        A = launch_kkt(plan.kkt, k, beta, g, sched, plan.kkt_split) if A is None and plan.kkt else A
+        A = launch_kkt(plan.kkt, k, beta, g, sched) if A is None and plan.kkt else A
     kg = P = None
     if plan.factors:  # the state-independent factors first, in the q, k, g, kg and P slots (chunk_fwd_ws.py)
         q, k, kg, P, A_f, g = launch_factors(plan.factors, q, k, g, beta, plan.output.scale, sched, gate_params,

@@ -245,7 +245,6 @@ class Plan:
     passes       the state/output launches: (outputs,) unsplit, (transitions, outputs) split
     split        the SegmentPlan of the call's host lengths, or None
     combine      (K, V, gate, reads an initial state) of seq_combine (the plain update's split)
-    kkt_split    CTAs per (tile, q/k head) of kkt_solve (kkt_split; 1 without the stage)
     The call's sizes (tokens, sequences, heads) are kept so launch.forward can check its inputs against the plan."""
 
     gate: str
@@ -265,23 +264,10 @@ class Plan:
     passes: tuple[PassConfig, ...]
     split: SegmentPlan | None
     combine: tuple | None
-    kkt_split: int
 
     @property
     def output(self) -> PassConfig:
         return self.passes[-1]
-
-
-KKT_CTAS_PER_SM = {"none": 4, "scalar": 4, "channel": 2}  # kkt_solve's resident CTAs per SM by gate kind (its
-# MIN_BLOCKS, CHANNEL_MIN_BLOCKS)
-
-
-def kkt_split(tiles: int, H: int, group: int, pair: int, gate: str, sms: int) -> int:
-    """CTAs per (tile, q/k head) of kkt_solve: its ceil(group / pair) value-head pairs run in up to that many CTAs
-    while tiles x H CTAs fill at most a fraction of one wave (KKT_CTAS_PER_SM per SM), so the wave stays one: a small
-    grid's time is one CTA's chain of pairs, and each extra CTA forms K K^T again (one 64x64 product)."""
-    pairs = -(-group // pair)
-    return max(1, min(pairs, sms * KKT_CTAS_PER_SM[gate] // max(tiles * H, 1)))
 
 
 def kkt_key(chunk: int, method: str, dtype: str, gate: str, group: int) -> tuple:
@@ -357,8 +343,6 @@ def _plan(*, dtype: str, beta_dtype: str | None, gate_dtype: str | None, gate: s
     factors = (K, dtype, gate_in, delta) if ws and gate == "channel" else None
     cumsum = None if gate == "none" or g_input == "cumsum" or factors else (CHUNK, gate_dtype, gate_form)
     kkt = kkt_key(CHUNK, "blocked", dtype, gate, HV // H) if delta and not factors else None
-    tiles = sum(math.ceil(n / CHUNK) for n in lengths)
-    splits_kkt = kkt_split(tiles, H, HV // H, kkt[4], gate, sms) if kkt else 1
     rule = update_rule(gate, delta)
 
     def state_pass(V_pass, grid, varlen_pass, h0, ht, store_output, block=None):
@@ -380,4 +364,5 @@ def _plan(*, dtype: str, beta_dtype: str | None, gate_dtype: str | None, gate: s
         passes = (transitions, state_pass(V, grid, True, True, delta and output_final_state, True))
         combine = None if delta else (K, V, gate, initial_state)
     return Plan(gate, delta, dtype, int(tokens), lengths, H, HV, K, V, bool(initial_state), bool(output_final_state),
-                cumsum, kkt, factors, passes, split, combine, splits_kkt)
+                cumsum, kkt,
+                factors, passes, split, combine)
