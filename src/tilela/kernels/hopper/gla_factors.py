@@ -59,7 +59,7 @@ def gla_factors_kernel(K: int, dtype: str, gate_in: tuple | None, delta: bool = 
     num_tokens, H, HV, num_bounds, NSL, num_params = T.dynamic("num_tokens, H, HV, num_bounds, NSL, num_params")
     accum = "float32"
     g_dtype, form = (accum, None) if gate_in is None else gate_in
-    invert = tile_inverse(C, 1, "blocked")
+    invert = tile_inverse(C, 1, "blocked") if delta else None
     # P and A leave through the key operand's shared memory (dead by then), viewed as [C, n, C] in the input dtype
     staging = (C, K * (4 if score_dtype == accum else 2) // (2 * C), C)
 
@@ -77,6 +77,13 @@ def gla_factors_kernel(K: int, dtype: str, gate_in: tuple | None, delta: bool = 
                     Lo[i // (2 * BLOCK), i % BLOCK, j % BLOCK] = -L
                 elif i >= 2 * BLOCK and j < 2 * BLOCK:
                     M10[0, i - 2 * BLOCK, j] = -L
+
+    @T.macro
+    def store_rows(out_s, dst, start, rows, hv):
+        """dst's rows of the tile before the sequence end from the staging out_s[:, 0, :]: whole rows."""
+        for i, j in T.Parallel(C, C):
+            if i < rows:
+                dst[0, start + i, hv, j] = out_s[i, 0, j]
 
     @T.macro
     def store_Qg_Kg(Q_s, Kq_s, k_s, g_s, start, rows, hv, Qg, Kg, formed):
@@ -167,9 +174,7 @@ def gla_factors_kernel(K: int, dtype: str, gate_in: tuple | None, delta: bool = 
                         unit_lower_rows(KK, 0, C, rows, beta_s, inv.Xd, inv.Lo, inv.M10)
                     for i, j in T.Parallel(C, C):  # whole rows through the key operand's memory, dead now
                         out_s[i, 0, j] = T.if_then_else(j <= i, P_f[i, j] * scale, 0)
-                    for i, j in T.Parallel(C, C):
-                        if i < rows:
-                            P[0, start + i, hv, j] = out_s[i, 0, j]
+                    store_rows(out_s, P, start, rows, hv)
                 else:  # row block a against its reference R_a = g at its first row
                     store_Qg_Kg(Q_s, None, k_s, g_s, start, rows, hv, Qg, Kg, False)
                     for i, d in T.Parallel(C, K):
@@ -190,8 +195,6 @@ def gla_factors_kernel(K: int, dtype: str, gate_in: tuple | None, delta: bool = 
                 if delta:
                     invert(inv.Xd, inv.Lo, inv.M10, inv.X00, inv.X11, inv.F32, inv.T16, inv.row, inv.Q_a, inv.Q_b,
                            inv.X_a, inv.F, out_s, tx)
-                    for i, j in T.Parallel(C, C):
-                        if i < rows:
-                            A[0, start + i, hv, j] = out_s[i, 0, j]
+                    store_rows(out_s, A, start, rows, hv)
 
     return gla_factors

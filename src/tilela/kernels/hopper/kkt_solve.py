@@ -38,6 +38,7 @@ from types import SimpleNamespace
 
 import tilelang
 import tilelang.language as T
+from tvm.script.ir_builder import IRBuilder
 
 from .common import LOG2E, TILE, channel_score_dtype, gate_tile, locate_tile
 
@@ -50,29 +51,34 @@ CHANNEL_MIN_BLOCKS = 2  # per-channel gate: its gc and score tiles leave room fo
 
 
 def inverse_buffers(C: int, P: int, method: str) -> SimpleNamespace:
-    """tile_inverse's buffers for P value heads at chunk C, allocated in the calling kernel's body: Xd (I + L_bb of
-    the P * NB diagonal 16x16 blocks on entry, inverted in place), Lo (-L_10 of each 32 half on entry, then X_10),
-    M10 (C == 64: -M_10 on entry) and the levels' scratch (None where a configuration has none); layouts: the
-    linear layouts of the 16x16 block buffers, for the caller's one T.annotate_layout."""
+    """tile_inverse's buffers for P value heads at chunk C, allocated in the calling kernel's body under their names
+    (as chunk_fwd_ws.allocate_shared does: unnamed, their generated names would vary between processes, and with
+    them the kernel cache's keys): Xd (I + L_bb of the P * NB diagonal 16x16 blocks on entry, inverted in place), Lo
+    (-L_10 of each 32 half on entry, then X_10), M10 (C == 64: -M_10 on entry) and the levels' scratch (None where a
+    configuration has none); layouts: the linear layouts of the 16x16 block buffers, for the caller's one
+    T.annotate_layout."""
     NB = TILE // BLOCK
-    inv = SimpleNamespace(
-        Xd=T.alloc_shared((P * NB, BLOCK + 1, BLOCK), ACC),
-        Lo=T.alloc_shared((P * NB // 2, BLOCK + 1, BLOCK), ACC),
-        row=T.alloc_local((BLOCK + 1,), ACC),  # a row's backup, and its dot product in the last slot
-        T16=T.alloc_fragment((P * NB // 2, BLOCK, BLOCK), ACC),
-        M10=None, X00=None, X11=None, F32=None, Q_a=None, Q_b=None, X_a=None, F=None)
+    shapes = {  # name: (allocator, shape, dtype)
+        "Xd": (T.alloc_shared, (P * NB, BLOCK + 1, BLOCK), ACC),
+        "Lo": (T.alloc_shared, (P * NB // 2, BLOCK + 1, BLOCK), ACC),
+        "row": (T.alloc_local, (BLOCK + 1,), ACC),  # a row's backup, and its dot product in the last slot
+        "T16": (T.alloc_fragment, (P * NB // 2, BLOCK, BLOCK), ACC),
+    }
+    if C == 64:  # 32x32 operands of level 2 in fp16 (the 11-bit mantissa of tf32)
+        shapes.update(M10=(T.alloc_shared, (P, 32, 32), "float16"),  # -M_10, then -X_11 M_10
+                      X00=(T.alloc_shared, (P, 32, 32), "float16"),
+                      X11=(T.alloc_shared, (P, 32, 32), "float16"),
+                      F32=(T.alloc_fragment, (32, 32), ACC))
+    if method == "neumann":
+        shapes.update(Q_a=(T.alloc_shared, (P, TILE, BLOCK), "float16"),
+                      Q_b=(T.alloc_shared, (P, BLOCK, TILE), "float16"),
+                      X_a=(T.alloc_shared, (P, TILE, BLOCK), "float16"),
+                      F=(T.alloc_fragment, (TILE, TILE), ACC))
+    inv = SimpleNamespace(**dict.fromkeys(("M10", "X00", "X11", "F32", "Q_a", "Q_b", "X_a", "F")))
+    for name, (alloc, shape, dtype) in shapes.items():
+        setattr(inv, name, IRBuilder.name(name, alloc(shape, dtype)))
     inv.layouts = {inv.Xd: tilelang.layout.make_linear_layout(inv.Xd),
                    inv.Lo: tilelang.layout.make_linear_layout(inv.Lo)}
-    if C == 64:  # 32x32 operands of level 2 in fp16 (the 11-bit mantissa of tf32)
-        inv.M10 = T.alloc_shared((P, 32, 32), "float16")  # -M_10, then -X_11 M_10
-        inv.X00 = T.alloc_shared((P, 32, 32), "float16")
-        inv.X11 = T.alloc_shared((P, 32, 32), "float16")
-        inv.F32 = T.alloc_fragment((32, 32), ACC)
-    if method == "neumann":
-        inv.Q_a = T.alloc_shared((P, TILE, BLOCK), "float16")
-        inv.Q_b = T.alloc_shared((P, BLOCK, TILE), "float16")
-        inv.X_a = T.alloc_shared((P, TILE, BLOCK), "float16")
-        inv.F = T.alloc_fragment((TILE, TILE), ACC)
     return inv
 
 
@@ -117,14 +123,15 @@ def tile_inverse(C: int, P: int, method: str):
             # 64 threads have no block and stay out (their reads would race the lanes' writes)
             b = (tx // BLOCK) % (P * NB)
             t = tx % BLOCK
+            lane = tx < P * NB * BLOCK
             for r in T.unroll(1, BLOCK):
-                if tx < P * NB * BLOCK:
+                if lane:
                     for m in T.unroll(r):
                         row[m] = Xd[b, r, m]  # row backup: L[r, :r] before it is overwritten
                     row[BLOCK] = 0.0
                     for m in T.unroll(r):
                         row[BLOCK] -= Xd[b, m, t] * row[m]
-                if t < r and tx < P * NB * BLOCK:
+                if t < r and lane:
                     Xd[b, r, t] = row[BLOCK]
         else:
             for p in T.unroll(P):
@@ -170,6 +177,7 @@ def tile_inverse(C: int, P: int, method: str):
                 T.copy(F32, out_s[32:64, p, 0:32])
 
     return invert
+
 
 def kkt_solve_kernel(chunk: int, method: str, dtype: str, gate: str, pair: int) -> T.PrimFunc:
     """Build the prim_func for static (chunk, method, dtype, gate, pair); gate "none", "scalar" or "channel" (per

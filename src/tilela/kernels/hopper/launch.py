@@ -225,6 +225,7 @@ def forward(plan: Plan, q, k, v, g, beta, initial_state=None, cu_seqlens=None, *
     sched = Schedule.of(q, cu_seqlens)
     _check(plan, q, v, g, beta, initial_state, sched)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    A = None if A is None else A.contiguous()
     if g is not None:
         g = g.contiguous() if g.dtype in DTYPE_NAMES else g.float().contiguous()
         g = launch_cumsum(plan.cumsum, g, sched, gate_scale, gate_params) if plan.cumsum else g
@@ -238,7 +239,6 @@ def forward(plan: Plan, q, k, v, g, beta, initial_state=None, cu_seqlens=None, *
         A = A_f if A is None else A
     elif g is not None:
         g = g.float()
-    A = None if A is None else A.contiguous()
     h0 = None if initial_state is None else initial_state.float().contiguous()
     if plan.split is None:
         o, ht = launch_state_pass(plan.output, q, k, v, g, beta, A, h0, sched.cu, sched.N, kg, P)
