@@ -30,9 +30,8 @@ gate; ``apply_gate`` forms the log gate from it, per gate column (value head, an
     form "sigmoid":   g = lower_bound sigmoid(a (x + b))          (KDA with lower_bound)
 
 with params = (a, b) stacked in front of the gate's column shape: a = exp(A_log), b = dt_bias (1 and 0 where not
-given). The Hopper kernels apply it where they sum the gate (kernels/hopper/cumsum.py; KDA's kkt_solve and
-gla_factors through common.gate_tile); every other path, autograd's
-recompute included, applies it here first.
+given). The Hopper kernels apply it where they sum the gate (kernels/hopper/cumsum.py; gla_factors through
+common.gate_column); every other path, autograd's recompute included, applies it here first.
 """
 
 from __future__ import annotations

@@ -6,8 +6,9 @@ and cumsum kernels want several small CTAs per SM instead).
 
 exp_e: exp through exp2 (gates are log-space, natural base).
 
-log_gate / gate_tile: a gate column's log gate from FLA's in-kernel gate input, and a tile's chunk-local cumsum formed
-in shared memory (the per-channel stages read the raw gate once instead of a float32 gc from global memory).
+log_gate / gate_column: a gate column's log gate from FLA's in-kernel gate input, and a tile's chunk-local cumsum
+formed in registers, one thread per key channel (gla_factors reads the raw gate once instead of a float32 gc from
+global memory); gate_tile: a tile of the float32 gc in shared memory.
 
 locate_tile: the varlen schedule without host synchronisation. Tile slot s of a grid of floor(T / 64) + N slots
 belongs to the last sequence n with floor(cu[n] / 64) + n <= s and starts at cu[n] + 64 (s - floor(cu[n] / 64) - n).
@@ -61,37 +62,52 @@ def floored_log_gate(x, a, b, form: str):
     return y if form == "sigmoid" else floor_log_gate(y)
 
 
-SCAN_UNROLL = 8  # rows of a column scan whose loads are in flight at once
+@T.macro
+def gate_tile(g, start, end, hv, width, g_s):
+    """g_s[i, d] <- log2(e) gc of token start + i, value head hv, key channel d < width (0 for d >= width), from g
+    [1, T, HV, width], the float32 chunk-local cumsum, for the 64 rows of a tile: one chunk from start, rows past
+    the sequence end holding its last row's gc."""
+    for i, d in T.Parallel(TILE, g_s.shape[1]):
+        g_s[i, d] = T.if_then_else(d < width, g[0, T.min(start + i, end - 1), hv, d] * LOG2E, 0.0)
 
 
 @T.macro
-def gate_tile(g, params, scale, start, end, hv, width, g_s, ab_s, acc, form):
-    """g_s[i, d] <- log2(e) gc of token start + i, value head hv, key channel d < width (0 for d >= width), for the
-    64 rows of a tile: one chunk from start, rows past the sequence end holding its last row's gc.
+def gate_column(g, params, scale, start, end, hv, width, gl, part_s, form):
+    """gl[i] <- log2(e) gc of row r RUN + i of the tile from start (token start + r RUN + i), value head hv, key
+    channel d, in registers: thread tx owns channel d = tx % width and run r = tx // width of the tile's
+    TILE * width / THREADS-row runs (RUN = len(gl)); rows past the sequence end hold its last row's gc.
     form None: g [1, T, HV, width] is gc already (float32). Else g is the raw gate input of that form (log_gate;
     params [2, HV * width] its (a, b) per column hv * width + d, scale the factor on the sum, the sigmoid form's
-    lower bound): landed as it is (a tile's loads all in flight), formed and floored in shared memory
-    (floored_log_gate), then summed along each column by one thread per key channel (SCAN_UNROLL loads in flight
-    ahead of the adds). ab_s: [2, >= width] float32 shared scratch; acc: a (1,) float32 local."""
-    cols = g_s.shape[1]
+    lower bound): a run's loads all in flight, then formed and floored (floored_log_gate) and summed; a run after
+    the first adds the totals of the runs before it (part_s: [runs, width] float32 shared)."""
+    run = gl.shape[0]
+    runs = TILE // run
+    tx = T.get_thread_binding()
+    d = tx % width
+    r = tx // width
     if form is None:
-        for i, d in T.Parallel(TILE, cols):
-            g_s[i, d] = T.if_then_else(d < width, g[0, T.min(start + i, end - 1), hv, d] * LOG2E, 0.0)
+        for i in T.unroll(run):
+            gl[i] = g[0, T.min(start + r * run + i, end - 1), hv, d] * LOG2E
     else:
-        if form != "log":
-            for s, d in T.Parallel(2, cols):
-                ab_s[s, d] = T.if_then_else(d < width, params[s, hv * width + d], 0.0)
-        for i, d in T.Parallel(TILE, cols):
-            g_s[i, d] = T.if_then_else(start + i < end and d < width, T.cast(g[0, start + i, hv, d], "float32"), 0.0)
-        for i, d in T.Parallel(TILE, cols):  # rows past the end add 0
-            g_s[i, d] = T.if_then_else(start + i < end, floored_log_gate(g_s[i, d], ab_s[0, d], ab_s[1, d], form), 0.0)
-        tx = T.get_thread_binding()
-        if tx < width:
-            acc[0] = 0.0
-            for i0 in T.serial(TILE // SCAN_UNROLL):  # rows past the end add 0: they keep the last row's sum
-                for i1 in T.unroll(SCAN_UNROLL):
-                    acc[0] += g_s[i0 * SCAN_UNROLL + i1, tx]
-                    g_s[i0 * SCAN_UNROLL + i1, tx] = acc[0] * (scale * LOG2E)
+        for i in T.unroll(run):
+            gl[i] = T.if_then_else(start + r * run + i < end, T.cast(g[0, start + r * run + i, hv, d], "float32"), 0.0)
+        a = T.alloc_var("float32")
+        b = T.alloc_var("float32")
+        a = params[0, hv * width + d] if form != "log" else 0.0
+        b = params[1, hv * width + d] if form != "log" else 0.0
+        for i in T.unroll(run):  # rows past the end add 0: they keep the last row's sum
+            gl[i] = T.if_then_else(start + r * run + i < end, floored_log_gate(gl[i], a, b, form), 0.0)
+        for i in T.unroll(1, run):
+            gl[i] += gl[i - 1]
+        if runs > 1:
+            part_s[r, d] = gl[run - 1]
+        for i in T.unroll(run):
+            gl[i] = gl[i] * (scale * LOG2E)
+        if runs > 1:
+            for s in T.unroll(runs - 1):
+                if s < r:
+                    for i in T.unroll(run):
+                        gl[i] += part_s[s, d] * (scale * LOG2E)
 
 
 SUB = 16  # rows of a sub-chunk of the per-channel scores

@@ -17,9 +17,11 @@ gate "channel") runs the scalar gate's chain: no score product and no [64, K] ex
 only the per-row decay D of S.
 
 One CTA of 128 threads per (64-row tile, value head): tiles come from common.locate_tile (varlen without host
-synchronisation), chunks are tiles, D is indexed by tile slot. The gc tile comes from common.gate_tile: summed in
-the tile from the raw gate (any gate form, so gc never goes through global memory) or read as gc. Rows past the
-sequence end hold gc of its last row.
+synchronisation), chunks are tiles, D is indexed by tile slot. gc lives in registers (common.gate_column): thread tx
+owns key channel tx % K and a run of 64 K / 128 consecutive rows, summed there from the raw gate (any gate form, so
+gc never goes through global memory) or read as gc; rows past the sequence end hold gc of its last row. q and k land
+in the score operands' shared memory and are rewritten there in place, a 16-row block at a time (its reads, then its
+writes), so the CTA holds three 64 x K operand tiles and the inverse's buffers: three CTAs per SM for bf16.
 
 The scores exp(gc_i - gc_j) (q_i . k_j) and (k_i . k_j), two ways, chosen per tile:
   - the tile decays by at most e^-80 in every channel (gc_last >= -80): one product each of (Q ⊙ exp gc) and of
@@ -27,8 +29,9 @@ The scores exp(gc_i - gc_j) (q_i . k_j) and (k_i . k_j), two ways, chosen per ti
     below e^80 (within the fp32/bf16 exponent range);
   - else per 16-row block a against the reference R_a = gc at its first row (kkt_solve.gated_kkt's): query and key
     rows i of block a as x_i exp(gc_i - R_a), formed once, times the key operand k_j exp(R_a - gc_j) over the rows
-    j < 16 (a + 1), keeping a's rows. Only the diagonal 16x16 block has a positive exponent, over at most 15
-    tokens: exact while no key channel decays by more than e^-80 within 16 tokens.
+    j < 16 (a + 1) (k read again from global memory, the last block first), keeping a's rows. Only the diagonal
+    16x16 block has a positive exponent, over at most 15 tokens: exact while no key channel decays by more than
+    e^-80 within 16 tokens.
 Causal entries only (select, not multiply: the products above the diagonal may be huge). The score operands are bf16
 for bf16 inputs, fp32 (tf32) for fp16 ones (common.channel_score_dtype). Qg, Kd, Kg have non-positive exponents and
 leave in the input dtype, as do P and A; A, and P of a one-product tile, leave through shared memory as whole rows.
@@ -38,23 +41,25 @@ rows' product into kkt_solve.py's inverse (tile_inverse, blocked, one value head
 
 import tilelang.language as T
 
-from .common import LOG2E, TILE, channel_score_dtype, gate_tile, locate_tile
+from .common import LOG2E, TILE, channel_score_dtype, gate_column, locate_tile
 from .kkt_solve import BLOCK, inverse_buffers, tile_inverse
 
 THREADS = 128
 DECAY_LIMIT = 80.0  # the one-product scores while no channel decays by more than e^-80 over the tile
-ROW_BLOCKS = tuple(range(TILE // BLOCK))  # a Python tuple: the loop over it unrolls when the kernel is parsed
+NB = TILE // BLOCK
+ROW_BLOCKS = tuple(range(NB))  # a Python tuple: the loop over it unrolls when the kernel is parsed
 
 
 def gla_factors_kernel(K: int, dtype: str, gate_in: tuple | None, delta: bool = False) -> T.PrimFunc:
     """Build the prim_func for static (K, input dtype, gate_in, whether the delta rule's Kg and A are written too;
     else they are one-element placeholders, as beta is). gate_in: None when g is the float32 chunk-local cumsum,
-    else (g dtype, gate form) of the raw gate summed here (common.gate_tile, with params and gate_scale; placeholders
-    otherwise). Tokens, heads (GVA ratio G = HV / H) and the varlen layout are symbolic, scale a run-time
-    argument."""
-    if K > THREADS:
-        raise ValueError(f"K: one thread sums each key channel, so K <= {THREADS}, got {K}")
+    else (g dtype, gate form) of the raw gate summed here (common.gate_column, with params and gate_scale;
+    placeholders otherwise). Tokens, heads (GVA ratio G = HV / H) and the varlen layout are symbolic, scale a
+    run-time argument."""
+    if K > THREADS or THREADS % K:
+        raise ValueError(f"K: each key channel has THREADS / K threads, so K divides {THREADS}, got {K}")
     C = TILE
+    run = C * K // THREADS  # rows of a thread's run of its key channel
     score_dtype = channel_score_dtype(dtype)
     num_tokens, H, HV, num_bounds, NSL, num_params = T.dynamic("num_tokens, H, HV, num_bounds, NSL, num_params")
     accum = "float32"
@@ -62,6 +67,8 @@ def gla_factors_kernel(K: int, dtype: str, gate_in: tuple | None, delta: bool = 
     invert = tile_inverse(C, 1, "blocked") if delta else None
     # P and A leave through the key operand's shared memory (dead by then), viewed as [C, n, C] in the input dtype
     staging = (C, K * (4 if score_dtype == accum else 2) // (2 * C), C)
+    # three CTAs per SM while the bf16 operands fit (caps registers at 168)
+    min_blocks = 2 if score_dtype == accum else 3
 
     @T.macro
     def unit_lower_rows(KK, lo, hi, rows, beta_s, Xd, Lo, M10):
@@ -86,19 +93,22 @@ def gla_factors_kernel(K: int, dtype: str, gate_in: tuple | None, delta: bool = 
                 dst[0, start + i, hv, j] = out_s[i, 0, j]
 
     @T.macro
-    def store_Qg_Kg(Q_s, Kq_s, k_s, g_s, start, rows, hv, Qg, Kg, formed):
-        """Qg = Q ⊙ exp(gc) and (delta rule) Kg = K ⊙ exp(gc) of the tile's rows before the sequence end: formed,
-        they are the one-product scores' operands Q_s and Kq_s as they are; else from q (in Q_s) and k_s."""
-        for i, d in T.Parallel(C, K):
-            if i < rows:
-                if formed:
-                    Qg[0, start + i, hv, d] = Q_s[i, d]
-                    if delta:
-                        Kg[0, start + i, hv, d] = Kq_s[i, d]
-                else:
-                    Qg[0, start + i, hv, d] = Q_s[i, d] * T.exp2(g_s[i, d])
-                    if delta:
-                        Kg[0, start + i, hv, d] = k_s[i, d] * T.exp2(g_s[i, d])
+    def land_rows(Q_s, Kr_s, row0, d, qv, kv):
+        """qv, kv <- q and k at rows [row0, row0 + 16), key channel d, as landed in Q_s and Kr_s: a row block's
+        reads come before its writes, so the block's rows are rewritten in place without a barrier between them."""
+        for i in T.unroll(BLOCK):
+            qv[i] = Q_s[row0 + i, d]
+            kv[i] = Kr_s[row0 + i, d]
+
+    @T.macro
+    def store_factors(row, e, x, y, last, d, start, rows, hv, Qg, Kd, Kg):
+        """Qg = q exp(gc), Kd = k exp(gc_last - gc) and (delta rule) Kg = k exp(gc) of one row before the sequence end
+        and key channel d, from its q (x), k (y), log2(e) gc (e) and log2(e) gc_last (last)."""
+        if row < rows:
+            Qg[0, start + row, hv, d] = x * T.exp2(e)
+            Kd[0, start + row, hv, d] = y * T.exp2(last - e)
+            if delta:
+                Kg[0, start + row, hv, d] = y * T.exp2(e)
 
     @T.prim_func
     def gla_factors(
@@ -121,23 +131,27 @@ def gla_factors_kernel(K: int, dtype: str, gate_in: tuple | None, delta: bool = 
         search_steps: T.int32,
     ):
         with T.Kernel(num_slots, HV, threads=THREADS) as (slot, hv):
+            T.annotate_min_blocks_per_sm(min_blocks)
             tx = T.get_thread_binding()
+            d = tx % K  # the thread's key channel and its run of rows r0 + [0, run)
+            r0 = tx // K * run
             hq = T.alloc_var("int32")
             hq = hv // (HV // H)
             bounds = T.alloc_local((2,), "int32")
             locate_tile(slot, cu_seqlens, num_bounds, dense_len, search_steps, bounds)
             start = bounds[0]
             end = bounds[1]
-            acc = T.alloc_local((1,), accum)
             least = T.alloc_var(accum)
             if start < end:
                 rows = T.min(end - start, C)
                 Q_s = T.alloc_shared((C, K), score_dtype)  # q; then the scores' query operand
-                k_s = T.alloc_shared((C, K), dtype)
-                g_s = T.alloc_shared((C, K), accum)  # gc * log2(e); rows past the end hold the last row's
-                ab_s = T.alloc_shared((2, K), accum)  # gate_in's (a, b) of the value head's columns
-                Kr_s = T.alloc_shared((C, K), score_dtype)  # the scores' key operand; then P's and A's staging
+                Kr_s = T.alloc_shared((C, K), score_dtype)  # k; then the scores' key operand; then P's and A's staging
                 out_s = T.view(Kr_s, staging, dtype)
+                ref_s = T.alloc_shared((NB + 1, K), accum)  # log2(e) gc at each row block's first row; at the last row
+                part_s = T.alloc_shared((C // run, K), accum)  # gate_column's run totals
+                gl = T.alloc_local((run,), accum)  # log2(e) gc of the thread's run
+                qv = T.alloc_local((BLOCK,), score_dtype)  # q and k of a row block of the run, as landed
+                kv = T.alloc_local((BLOCK,), score_dtype)
                 P_f = T.alloc_fragment((C, C), accum)
                 Kq_s = None
                 if delta:
@@ -148,26 +162,30 @@ def gla_factors_kernel(K: int, dtype: str, gate_in: tuple | None, delta: bool = 
                     T.annotate_layout(inv.layouts)
 
                 T.copy(q[0, start : start + C, hq, :], Q_s)
-                T.copy(k[0, start : start + C, hq, :], k_s)
+                T.copy(k[0, start : start + C, hq, :], Kr_s)
                 if delta:
                     for i in T.Parallel(C):
                         beta_s[i] = T.if_then_else(i < rows, beta[0, start + i, hv], 0.0)
-                gate_tile(g, params, gate_scale, start, end, hv, K, g_s, ab_s, acc, form)
-                for i, d in T.Parallel(C, K):
-                    if i < rows:
-                        Kd[0, start + i, hv, d] = k_s[i, d] * T.exp2(g_s[C - 1, d] - g_s[i, d])
-                for d in T.Parallel(K):
-                    D[slot, hv, d] = T.exp2(g_s[C - 1, d])
+                gate_column(g, params, gate_scale, start, end, hv, K, gl, part_s, form)
+                for b in T.unroll(run // BLOCK):
+                    ref_s[r0 // BLOCK + b, d] = gl[b * BLOCK]
+                if r0 + run == C:
+                    ref_s[NB, d] = gl[run - 1]
+                    D[slot, hv, d] = T.exp2(gl[run - 1])
                 least = 0.0
-                for d in T.unroll(K):
-                    least = T.min(least, g_s[C - 1, d])
+                for c in T.unroll(K):
+                    least = T.min(least, ref_s[NB, c])
+                last = ref_s[NB, d]
                 if least >= -DECAY_LIMIT * LOG2E:  # one product each: the tile's factors stay below e^80
-                    for i, d in T.Parallel(C, K):
-                        Q_s[i, d] = Q_s[i, d] * T.exp2(g_s[i, d])
-                        Kr_s[i, d] = k_s[i, d] * T.exp2(-g_s[i, d])
-                        if delta:
-                            Kq_s[i, d] = k_s[i, d] * T.exp2(g_s[i, d])
-                    store_Qg_Kg(Q_s, Kq_s, k_s, g_s, start, rows, hv, Qg, Kg, True)
+                    for b in T.unroll(run // BLOCK):
+                        land_rows(Q_s, Kr_s, r0 + b * BLOCK, d, qv, kv)
+                        for i in T.unroll(BLOCK):
+                            e = gl[b * BLOCK + i]
+                            store_factors(r0 + b * BLOCK + i, e, qv[i], kv[i], last, d, start, rows, hv, Qg, Kd, Kg)
+                            Q_s[r0 + b * BLOCK + i, d] = qv[i] * T.exp2(e)
+                            Kr_s[r0 + b * BLOCK + i, d] = kv[i] * T.exp2(-e)
+                            if delta:
+                                Kq_s[r0 + b * BLOCK + i, d] = kv[i] * T.exp2(e)
                     T.gemm(Q_s, Kr_s, P_f, transpose_B=True, clear_accum=True)
                     if delta:
                         T.gemm(Kq_s, Kr_s, KK, transpose_B=True, clear_accum=True)
@@ -175,15 +193,21 @@ def gla_factors_kernel(K: int, dtype: str, gate_in: tuple | None, delta: bool = 
                     for i, j in T.Parallel(C, C):  # whole rows through the key operand's memory, dead now
                         out_s[i, 0, j] = T.if_then_else(j <= i, P_f[i, j] * scale, 0)
                     store_rows(out_s, P, start, rows, hv)
-                else:  # row block a against its reference R_a = g at its first row
-                    store_Qg_Kg(Q_s, None, k_s, g_s, start, rows, hv, Qg, Kg, False)
-                    for i, d in T.Parallel(C, K):
-                        Q_s[i, d] = Q_s[i, d] * T.exp2(g_s[i, d] - g_s[i // BLOCK * BLOCK, d])
-                        if delta:
-                            Kq_s[i, d] = k_s[i, d] * T.exp2(g_s[i, d] - g_s[i // BLOCK * BLOCK, d])
-                    for a in ROW_BLOCKS:
-                        for j, d in T.Parallel((a + 1) * BLOCK, K):  # later rows: stale, in columns not kept
-                            Kr_s[j, d] = k_s[j, d] * T.exp2(g_s[a * BLOCK, d] - g_s[j, d])
+                else:  # row block a against its reference R_a = gc at its first row
+                    for b in T.unroll(run // BLOCK):
+                        land_rows(Q_s, Kr_s, r0 + b * BLOCK, d, qv, kv)
+                        R = ref_s[r0 // BLOCK + b, d]
+                        for i in T.unroll(BLOCK):
+                            e = gl[b * BLOCK + i]
+                            store_factors(r0 + b * BLOCK + i, e, qv[i], kv[i], last, d, start, rows, hv, Qg, Kd, Kg)
+                            Q_s[r0 + b * BLOCK + i, d] = qv[i] * T.exp2(e - R)
+                            if delta:
+                                Kq_s[r0 + b * BLOCK + i, d] = kv[i] * T.exp2(e - R)
+                    for a in ROW_BLOCKS[::-1]:  # last block first: a block's gc rows die after the one using them last
+                        for i in T.unroll(run):  # k again (Kr_s holds the block before's operand); later rows stale
+                            if r0 + i < (a + 1) * BLOCK:
+                                Kr_s[r0 + i, d] = T.if_then_else(
+                                    r0 + i < rows, k[0, start + r0 + i, hq, d] * T.exp2(ref_s[a, d] - gl[i]), 0.0)
                         T.gemm(Q_s, Kr_s, P_f, transpose_B=True, clear_accum=True)
                         for i, j in T.Parallel(C, C):  # from the fragment: Kr_s is the next block's operand
                             if i // BLOCK == a and i < rows:

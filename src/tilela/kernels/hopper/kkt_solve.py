@@ -282,7 +282,7 @@ def kkt_solve_kernel(chunk: int, method: str, dtype: str, gate: str, pair: int) 
                             g_s[p, i] = T.if_then_else(live, g[0, start + i, hv0 + p] * LOG2E, 0.0)
                     if channel:  # k_s is the previous value head's output staging
                         T.copy(k[0, start:start + TILE, hk, 0:KSTEP], k_s)
-                        gate_tile(g, None, 1.0, start, end, hv0, K, gc_s, None, None, None)
+                        gate_tile(g, start, end, hv0, K, gc_s)
                         gated_kkt(k_s, gc_s, Qr, Kr, KK, KKs)
 
                     # extraction: I + L on the diagonal blocks, -L_10 and -M_10 off them (L_ij, i > j, same chunk)
