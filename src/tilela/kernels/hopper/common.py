@@ -73,41 +73,55 @@ def gate_tile(g, start, end, hv, width, g_s):
 
 @T.macro
 def gate_column(g, params, scale, start, end, hv, width, gl, part_s, form):
-    """gl[i] <- log2(e) gc of row r RUN + i of the tile from start (token start + r RUN + i), value head hv, key
-    channel d, in registers: thread tx owns channel d = tx % width and run r = tx // width of the tile's
-    TILE * width / THREADS-row runs (RUN = len(gl)); rows past the sequence end hold its last row's gc.
+    """gl[i, v] <- log2(e) gc of row r0 + i of the tile from start (token start + r0 + i), value head hv, key channel
+    d0 + v, in registers: gl is [RUN, VEC]; thread tx owns the VEC channels from d0 = VEC (tx % (width / VEC)) and
+    the run of RUN rows from r0 = RUN (tx // (width / VEC)) (so RUN = TILE width / (VEC THREADS)); rows past the
+    sequence end hold its last row's gc.
     form None: g [1, T, HV, width] is gc already (float32). Else g is the raw gate input of that form (log_gate;
     params [2, HV * width] its (a, b) per column hv * width + d, scale the factor on the sum, the sigmoid form's
-    lower bound): a run's loads all in flight, then formed and floored (floored_log_gate) and summed; a run after
-    the first adds the totals of the runs before it (part_s: [runs, width] float32 shared)."""
-    run = gl.shape[0]
-    runs = TILE // run
+    lower bound): a run's loads all in flight (VEC channels a load), then formed and floored (floored_log_gate)
+    and summed; a run after the first adds the totals of the runs before it (part_s: [runs, width] float32
+    shared)."""
+    run, vec = gl.shape
     tx = T.get_thread_binding()
-    d = tx % width
-    r = tx // width
+    d0 = tx % (width // vec) * vec
+    r = tx // (width // vec)
+    r0 = r * run
     if form is None:
         for i in T.unroll(run):
-            gl[i] = g[0, T.min(start + r * run + i, end - 1), hv, d] * LOG2E
+            for v in T.vectorized(vec):
+                gl[i, v] = g[0, T.min(start + r0 + i, end - 1), hv, d0 + v] * LOG2E
     else:
+        ab = T.alloc_local((2, vec), "float32")
+        for s in T.unroll(2):
+            for v in T.unroll(vec):
+                ab[s, v] = params[s, hv * width + d0 + v] if form != "log" else 0.0
         for i in T.unroll(run):
-            gl[i] = T.if_then_else(start + r * run + i < end, T.cast(g[0, start + r * run + i, hv, d], "float32"), 0.0)
-        a = T.alloc_var("float32")
-        b = T.alloc_var("float32")
-        a = params[0, hv * width + d] if form != "log" else 0.0
-        b = params[1, hv * width + d] if form != "log" else 0.0
+            for v in T.vectorized(vec):
+                gl[i, v] = T.if_then_else(start + r0 + i < end, T.cast(g[0, start + r0 + i, hv, d0 + v], "float32"), 0.0)
         for i in T.unroll(run):  # rows past the end add 0: they keep the last row's sum
-            gl[i] = T.if_then_else(start + r * run + i < end, floored_log_gate(gl[i], a, b, form), 0.0)
+            for v in T.unroll(vec):
+                gl[i, v] = T.if_then_else(start + r0 + i < end, floored_log_gate(gl[i, v], ab[0, v], ab[1, v], form), 0.0)
         for i in T.unroll(1, run):
-            gl[i] += gl[i - 1]
-        if runs > 1:
-            part_s[r, d] = gl[run - 1]
-        for i in T.unroll(run):
-            gl[i] = gl[i] * (scale * LOG2E)
-        if runs > 1:
-            for s in T.unroll(runs - 1):
+            for v in T.unroll(vec):
+                gl[i, v] += gl[i - 1, v]
+        if TILE // run == 1:
+            for i in T.unroll(run):
+                for v in T.unroll(vec):
+                    gl[i, v] = gl[i, v] * (scale * LOG2E)
+        else:
+            for v in T.vectorized(vec):
+                part_s[r, d0 + v] = gl[run - 1, v]
+            off = T.alloc_local((vec,), "float32")
+            for v in T.unroll(vec):
+                off[v] = 0.0
+            for s in T.unroll(TILE // run - 1):
                 if s < r:
-                    for i in T.unroll(run):
-                        gl[i] += part_s[s, d] * (scale * LOG2E)
+                    for v in T.unroll(vec):
+                        off[v] += part_s[s, d0 + v]
+            for i in T.unroll(run):
+                for v in T.unroll(vec):
+                    gl[i, v] = (gl[i, v] + off[v]) * (scale * LOG2E)
 
 
 SUB = 16  # rows of a sub-chunk of the per-channel scores

@@ -18,10 +18,11 @@ only the per-row decay D of S.
 
 One CTA of 128 threads per (64-row tile, value head): tiles come from common.locate_tile (varlen without host
 synchronisation), chunks are tiles, D is indexed by tile slot. gc lives in registers (common.gate_column): thread tx
-owns key channel tx % K and a run of 64 K / 128 consecutive rows, summed there from the raw gate (any gate form, so
-gc never goes through global memory) or read as gc; rows past the sequence end hold gc of its last row. q and k land
-in the score operands' shared memory and are rewritten there in place, a 16-row block at a time (its reads, then its
-writes), so the CTA holds three 64 x K operand tiles and the inverse's buffers: three CTAs per SM for bf16.
+owns four key channels (a warp's lanes cover all K) and a run of 64 K / 512 consecutive rows, summed there from the
+raw gate (any gate form, so gc never goes through global memory) or read as gc; rows past the sequence end hold gc of
+its last row. Every global access of a row is one 8-byte vector (bf16). q and k land in the score operands' shared
+memory and are rewritten there in place, four rows of a run at a time (their reads, then their writes), so the CTA
+holds three 64 x K operand tiles and the inverse's buffers: three CTAs per SM for bf16.
 
 The scores exp(gc_i - gc_j) (q_i . k_j) and (k_i . k_j), two ways, chosen per tile:
   - the tile decays by at most e^-80 in every channel (gc_last >= -80): one product each of (Q ⊙ exp gc) and of
@@ -39,12 +40,16 @@ Rows past the sequence end are not stored: the next sequence's tile owns them. A
 rows' product into kkt_solve.py's inverse (tile_inverse, blocked, one value head).
 """
 
+import functools
+
 import tilelang.language as T
 
 from .common import LOG2E, TILE, channel_score_dtype, gate_column, locate_tile
 from .kkt_solve import BLOCK, inverse_buffers, tile_inverse
 
 THREADS = 128
+VEC = 4  # key channels of a thread (one 8-byte bf16 access a row)
+SUB = 4  # rows of a run landed in registers at once
 DECAY_LIMIT = 80.0  # the one-product scores while no channel decays by more than e^-80 over the tile
 NB = TILE // BLOCK
 ROW_BLOCKS = tuple(range(NB))  # a Python tuple: the loop over it unrolls when the kernel is parsed
@@ -56,10 +61,11 @@ def gla_factors_kernel(K: int, dtype: str, gate_in: tuple | None, delta: bool = 
     else (g dtype, gate form) of the raw gate summed here (common.gate_column, with params and gate_scale;
     placeholders otherwise). Tokens, heads (GVA ratio G = HV / H) and the varlen layout are symbolic, scale a
     run-time argument."""
-    if K > THREADS or THREADS % K:
-        raise ValueError(f"K: each key channel has THREADS / K threads, so K divides {THREADS}, got {K}")
+    if K % VEC or 32 % (K // VEC) or BLOCK % (TILE * K // (VEC * THREADS)):
+        raise ValueError(f"K: a warp's lanes own all K channels, {VEC} each, and runs of rows within a 16-row block; "
+                         f"got {K}")
     C = TILE
-    run = C * K // THREADS  # rows of a thread's run of its key channel
+    run = C * K // (VEC * THREADS)  # rows of a thread's run
     score_dtype = channel_score_dtype(dtype)
     num_tokens, H, HV, num_bounds, NSL, num_params = T.dynamic("num_tokens, H, HV, num_bounds, NSL, num_params")
     accum = "float32"
@@ -93,22 +99,57 @@ def gla_factors_kernel(K: int, dtype: str, gate_in: tuple | None, delta: bool = 
                 dst[0, start + i, hv, j] = out_s[i, 0, j]
 
     @T.macro
-    def land_rows(Q_s, Kr_s, row0, d, qv, kv):
-        """qv, kv <- q and k at rows [row0, row0 + 16), key channel d, as landed in Q_s and Kr_s: a row block's
-        reads come before its writes, so the block's rows are rewritten in place without a barrier between them."""
-        for i in T.unroll(BLOCK):
-            qv[i] = Q_s[row0 + i, d]
-            kv[i] = Kr_s[row0 + i, d]
+    def land_rows(Q_s, Kr_s, row0, d0, qv, kv):
+        """qv, kv <- q and k at rows [row0, row0 + SUB), key channels [d0, d0 + VEC), as landed in Q_s and Kr_s: a
+        row group's reads come before its writes, so its rows are rewritten in place without a barrier between."""
+        for i in T.unroll(SUB):
+            for v in T.vectorized(VEC):
+                qv[i, v] = Q_s[row0 + i, d0 + v]
+                kv[i, v] = Kr_s[row0 + i, d0 + v]
 
     @T.macro
-    def store_factors(row, e, x, y, last, d, start, rows, hv, Qg, Kd, Kg):
-        """Qg = q exp(gc), Kd = k exp(gc_last - gc) and (delta rule) Kg = k exp(gc) of one row before the sequence end
-        and key channel d, from its q (x), k (y), log2(e) gc (e) and log2(e) gc_last (last)."""
-        if row < rows:
-            Qg[0, start + row, hv, d] = x * T.exp2(e)
-            Kd[0, start + row, hv, d] = y * T.exp2(last - e)
-            if delta:
-                Kg[0, start + row, hv, d] = y * T.exp2(e)
+    def store_row(x, dst, row, d0, start, hv):
+        """dst[row] <- x at key channels [d0, d0 + VEC): one vector store."""
+        for v in T.vectorized(VEC):
+            dst[0, start + row, hv, d0 + v] = x[v]
+
+    @T.macro
+    def form_rows(one_product, Q_s, Kr_s, Kq_s, gl, last, R, qv, kv, xq, xr, xk, xg, xd, xh, r0, d0, start, rows, hv,
+                  Qg, Kd, Kg):
+        """The thread's rows r0 + [0, run) and channels d0 + [0, VEC), SUB rows at a time: Qg, Kd, Kg (delta rule)
+        to global memory (rows before the sequence end), and in place of the landed q and k the scores' operands:
+        one_product (a Python bool) the query operand Qg, the key operand K ⊙ exp(-gc) and the key rows' operand Kg;
+        else the query and key rows' operands against the row block's reference R (the key operand is formed per
+        row block by the caller)."""
+        for sb in T.unroll(run // SUB):
+            land_rows(Q_s, Kr_s, r0 + sb * SUB, d0, qv, kv)
+            for i in T.unroll(SUB):
+                row = r0 + sb * SUB + i
+                for v in T.unroll(VEC):
+                    e = gl[sb * SUB + i, v]
+                    xg[v] = qv[i, v] * T.exp2(e)
+                    xd[v] = kv[i, v] * T.exp2(last[v] - e)
+                    xh[v] = kv[i, v] * T.exp2(e)
+                    if one_product:
+                        xq[v] = qv[i, v] * T.exp2(e)
+                        xr[v] = kv[i, v] * T.exp2(-e)
+                        xk[v] = kv[i, v] * T.exp2(e)
+                    else:
+                        xq[v] = qv[i, v] * T.exp2(e - R[v])
+                        xk[v] = kv[i, v] * T.exp2(e - R[v])
+                for v in T.vectorized(VEC):
+                    Q_s[row, d0 + v] = xq[v]
+                if one_product:
+                    for v in T.vectorized(VEC):
+                        Kr_s[row, d0 + v] = xr[v]
+                if delta:
+                    for v in T.vectorized(VEC):
+                        Kq_s[row, d0 + v] = xk[v]
+                if row < rows:
+                    store_row(xg, Qg, row, d0, start, hv)
+                    store_row(xd, Kd, row, d0, start, hv)
+                    if delta:
+                        store_row(xh, Kg, row, d0, start, hv)
 
     @T.prim_func
     def gla_factors(
@@ -133,8 +174,8 @@ def gla_factors_kernel(K: int, dtype: str, gate_in: tuple | None, delta: bool = 
         with T.Kernel(num_slots, HV, threads=THREADS) as (slot, hv):
             T.annotate_min_blocks_per_sm(min_blocks)
             tx = T.get_thread_binding()
-            d = tx % K  # the thread's key channel and its run of rows r0 + [0, run)
-            r0 = tx // K * run
+            d0 = tx % (K // VEC) * VEC  # the thread's key channels d0 + [0, VEC) and rows r0 + [0, run)
+            r0 = tx // (K // VEC) * run
             hq = T.alloc_var("int32")
             hq = hv // (HV // H)
             bounds = T.alloc_local((2,), "int32")
@@ -149,9 +190,17 @@ def gla_factors_kernel(K: int, dtype: str, gate_in: tuple | None, delta: bool = 
                 out_s = T.view(Kr_s, staging, dtype)
                 ref_s = T.alloc_shared((NB + 1, K), accum)  # log2(e) gc at each row block's first row; at the last row
                 part_s = T.alloc_shared((C // run, K), accum)  # gate_column's run totals
-                gl = T.alloc_local((run,), accum)  # log2(e) gc of the thread's run
-                qv = T.alloc_local((BLOCK,), score_dtype)  # q and k of a row block of the run, as landed
-                kv = T.alloc_local((BLOCK,), score_dtype)
+                gl = T.alloc_local((run, VEC), accum)  # log2(e) gc of the thread's rows and channels
+                last = T.alloc_local((VEC,), accum)  # log2(e) gc_last of the thread's channels
+                R = T.alloc_local((VEC,), accum)  # log2(e) gc at the first row of the run's 16-row block
+                qv = T.alloc_local((SUB, VEC), score_dtype)  # q and k of SUB rows, as landed
+                kv = T.alloc_local((SUB, VEC), score_dtype)
+                xq = T.alloc_local((VEC,), score_dtype)  # a row's query operand, key operand, key rows' operand
+                xr = T.alloc_local((VEC,), score_dtype)
+                xk = T.alloc_local((VEC,), score_dtype)
+                xg = T.alloc_local((VEC,), dtype)  # a row's Qg, Kd, Kg
+                xd = T.alloc_local((VEC,), dtype)
+                xh = T.alloc_local((VEC,), dtype)
                 P_f = T.alloc_fragment((C, C), accum)
                 Kq_s = None
                 if delta:
@@ -167,25 +216,24 @@ def gla_factors_kernel(K: int, dtype: str, gate_in: tuple | None, delta: bool = 
                     for i in T.Parallel(C):
                         beta_s[i] = T.if_then_else(i < rows, beta[0, start + i, hv], 0.0)
                 gate_column(g, params, gate_scale, start, end, hv, K, gl, part_s, form)
-                for b in T.unroll(run // BLOCK):
-                    ref_s[r0 // BLOCK + b, d] = gl[b * BLOCK]
+                if r0 % BLOCK == 0:
+                    for v in T.vectorized(VEC):
+                        ref_s[r0 // BLOCK, d0 + v] = gl[0, v]
                 if r0 + run == C:
-                    ref_s[NB, d] = gl[run - 1]
-                    D[slot, hv, d] = T.exp2(gl[run - 1])
-                least = 0.0
-                for c in T.unroll(K):
-                    least = T.min(least, ref_s[NB, c])
-                last = ref_s[NB, d]
+                    for v in T.vectorized(VEC):
+                        ref_s[NB, d0 + v] = gl[run - 1, v]
+                    for v in T.unroll(VEC):
+                        last[v] = T.exp2(gl[run - 1, v])
+                    for v in T.vectorized(VEC):
+                        D[slot, hv, d0 + v] = last[v]
+                for v in T.vectorized(VEC):
+                    last[v] = ref_s[NB, d0 + v]
+                    R[v] = ref_s[r0 // BLOCK, d0 + v]
+                # every warp's lanes cover all key channels: its least gc_last is the tile's
+                least = T.warp_reduce_min(functools.reduce(T.min, [last[v] for v in range(VEC)]))
                 if least >= -DECAY_LIMIT * LOG2E:  # one product each: the tile's factors stay below e^80
-                    for b in T.unroll(run // BLOCK):
-                        land_rows(Q_s, Kr_s, r0 + b * BLOCK, d, qv, kv)
-                        for i in T.unroll(BLOCK):
-                            e = gl[b * BLOCK + i]
-                            store_factors(r0 + b * BLOCK + i, e, qv[i], kv[i], last, d, start, rows, hv, Qg, Kd, Kg)
-                            Q_s[r0 + b * BLOCK + i, d] = qv[i] * T.exp2(e)
-                            Kr_s[r0 + b * BLOCK + i, d] = kv[i] * T.exp2(-e)
-                            if delta:
-                                Kq_s[r0 + b * BLOCK + i, d] = kv[i] * T.exp2(e)
+                    form_rows(True, Q_s, Kr_s, Kq_s, gl, last, R, qv, kv, xq, xr, xk, xg, xd, xh, r0, d0, start, rows,
+                              hv, Qg, Kd, Kg)
                     T.gemm(Q_s, Kr_s, P_f, transpose_B=True, clear_accum=True)
                     if delta:
                         T.gemm(Kq_s, Kr_s, KK, transpose_B=True, clear_accum=True)
@@ -194,20 +242,17 @@ def gla_factors_kernel(K: int, dtype: str, gate_in: tuple | None, delta: bool = 
                         out_s[i, 0, j] = T.if_then_else(j <= i, P_f[i, j] * scale, 0)
                     store_rows(out_s, P, start, rows, hv)
                 else:  # row block a against its reference R_a = gc at its first row
-                    for b in T.unroll(run // BLOCK):
-                        land_rows(Q_s, Kr_s, r0 + b * BLOCK, d, qv, kv)
-                        R = ref_s[r0 // BLOCK + b, d]
-                        for i in T.unroll(BLOCK):
-                            e = gl[b * BLOCK + i]
-                            store_factors(r0 + b * BLOCK + i, e, qv[i], kv[i], last, d, start, rows, hv, Qg, Kd, Kg)
-                            Q_s[r0 + b * BLOCK + i, d] = qv[i] * T.exp2(e - R)
-                            if delta:
-                                Kq_s[r0 + b * BLOCK + i, d] = kv[i] * T.exp2(e - R)
-                    for a in ROW_BLOCKS[::-1]:  # last block first: a block's gc rows die after the one using them last
-                        for i in T.unroll(run):  # k again (Kr_s holds the block before's operand); later rows stale
-                            if r0 + i < (a + 1) * BLOCK:
-                                Kr_s[r0 + i, d] = T.if_then_else(
-                                    r0 + i < rows, k[0, start + r0 + i, hq, d] * T.exp2(ref_s[a, d] - gl[i]), 0.0)
+                    form_rows(False, Q_s, Kr_s, Kq_s, gl, last, R, qv, kv, xq, xr, xk, xg, xd, xh, r0, d0, start, rows,
+                              hv, Qg, Kd, Kg)
+                    for a in ROW_BLOCKS[::-1]:
+                        if r0 < (a + 1) * BLOCK:  # k again (Kr_s holds the block after's operand); later rows stale
+                            for i in T.unroll(run):
+                                for v in T.vectorized(VEC):
+                                    xg[v] = T.if_then_else(r0 + i < rows, k[0, start + r0 + i, hq, d0 + v], 0.0)
+                                for v in T.unroll(VEC):
+                                    xr[v] = xg[v] * T.exp2(ref_s[a, d0 + v] - gl[i, v])
+                                for v in T.vectorized(VEC):
+                                    Kr_s[r0 + i, d0 + v] = xr[v]
                         T.gemm(Q_s, Kr_s, P_f, transpose_B=True, clear_accum=True)
                         for i, j in T.Parallel(C, C):  # from the fragment: Kr_s is the next block's operand
                             if i // BLOCK == a and i < rows:
