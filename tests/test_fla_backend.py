@@ -53,12 +53,22 @@ def test_verifier_on_a_gpu_without_hopper_kernels_falls_back():
     assert not accepted and "Hopper" in reason
 
 
-def test_verifier_leaves_kda_to_fla_off_the_cpu():
-    """FLA's Triton chunk_kda is the faster forward on the GPU (fla_backend.FLA_FASTER_ON_GPU), so a non-CPU KDA call
-    stays FLA's even with a bounded gate."""
-    x = {n: t.to("meta") for n, t in inputs().items()}
-    accepted, reason = fla_backend.verify("chunk_kda", x["q"], x["k"], x["v"], x["gc"], x["beta"], safe_gate=True)
-    assert not accepted and "faster" in reason
+def test_verifier_sends_bounded_kda_to_the_hopper_kernels(monkeypatch):
+    """On a Hopper GPU a KDA call runs ours exactly when its gate is bounded (safe_gate, or the in-kernel gate with
+    -5 <= lower_bound < 0); an unbounded one stays FLA's. The Hopper backend is stood in for on meta tensors."""
+    from tilela.kernels import hopper
+
+    monkeypatch.setattr(ops, "_hopper", lambda *tensors: hopper)
+    D = 64  # a head dim the kernels serve
+    q, k = (torch.empty(B, T, H, D, dtype=torch.bfloat16, device="meta") for _ in range(2))
+    v, g = (torch.empty(B, T, HV, D, dtype=torch.bfloat16, device="meta") for _ in range(2))
+    beta, A_log = torch.empty(B, T, HV, device="meta"), torch.empty(HV, device="meta")
+    assert fla_backend.verify("chunk_kda", q, k, v, g, beta, safe_gate=True) == (True, None)
+    in_kernel = dict(use_gate_in_kernel=True, A_log=A_log)
+    assert fla_backend.verify("chunk_kda", q, k, v, g, beta, lower_bound=-5.0, **in_kernel) == (True, None)
+    for kw in ({}, dict(lower_bound=-6.0, **in_kernel), in_kernel):
+        accepted, reason = fla_backend.verify("chunk_kda", q, k, v, g, beta, **kw)
+        assert not accepted and "not served" in reason, (kw, reason)
 
 
 def _counted(op, calls):

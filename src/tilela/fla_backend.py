@@ -11,10 +11,9 @@ The verifier accepts a call exactly when tilela runs it and is the better choice
 - FLA's own errors stay FLA's: a call FLA rejects (a removed ``head_first``, ``allow_neg_eigval`` without
   ``use_beta_sigmoid_in_kernel``, the in-kernel gate without ``A_log``, bad shapes) falls back to FLA, which raises;
 - unsupported here: ``cp_context`` (context parallelism) and ``return_intermediate_states``;
-- on a GPU only what the Hopper kernels serve (``kernels.hopper.plan.covers``: bf16/fp16, K = V in {64, 128, 256}),
-  only for inference (with an input that requires grad FLA's Triton backward is faster than tilela's recompute on
-  the PyTorch path), and only the entry points where ours is the faster forward (``FLA_FASTER_ON_GPU``: FLA's
-  Triton chunk_kda beats tilela's KDA kernels, ``tilela bench --op kda``);
+- on a GPU only what the Hopper kernels serve (``kernels.hopper.plan.covers``: bf16/fp16, K = V in {64, 128, 256};
+  chunk_kda with a bounded gate, ``ops.kda_gate_bounded``), and only for inference (with an input that requires grad
+  FLA's Triton backward is faster than tilela's recompute on the PyTorch path);
 - on the CPU every valid call (FLA's Triton kernels do not run there).
 """
 
@@ -31,8 +30,6 @@ ENV_VAR = "FLA_TILELA"
 PRIORITY = 2  # ahead of FlashQLA and FlashKDA (3), behind NPU backends (0)
 # FLA entry point -> (tilela gate kind, whether FLA raises on a head_first keyword)
 ENTRY_POINTS = {"chunk_gated_delta_rule": ("scalar", True), "chunk_kda": ("channel", False)}
-# entry points whose FLA default is faster than tilela on the GPU (benchmarks/results/kda-*.json)
-FLA_FASTER_ON_GPU = frozenset({"chunk_kda"})
 
 
 def verify(name: str, *args, **kwargs) -> tuple[bool, str | None]:
@@ -69,11 +66,10 @@ def verify(name: str, *args, **kwargs) -> tuple[bool, str | None]:
         return True, None
     if any(t.requires_grad for t in tensors) and torch.is_grad_enabled():
         return False, "an input requires grad: FLA's backward is faster than tilela's recompute"
-    if name in FLA_FASTER_ON_GPU:
-        return False, f"{name}: FLA's own kernel is the faster forward on the GPU"
+    bounded = ops.kda_gate_bounded(bool(x["use_gate_in_kernel"]), bool(x.get("safe_gate")), x.get("lower_bound"))
     hopper = ops._hopper(*tensors)
     if hopper is None or not hopper.plan.covers(hopper.DTYPE_NAMES.get(q.dtype), q.shape[-1], v.shape[-1], gate,
-                                                True, bool(x.get("safe_gate"))):
+                                                True, bounded):
         return False, "not served by tilela's Hopper kernels (device, dtype, K, V or gate)"
     return True, None
 

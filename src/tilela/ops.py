@@ -50,6 +50,14 @@ def _hopper(*tensors):
     return hopper if hopper.available(*present) else None
 
 
+def kda_gate_bounded(use_gate_in_kernel: bool, safe_gate: bool, lower_bound: float | None) -> bool:
+    """Whether chunk_kda's gate is bounded as the Hopper kernels need (kernels.hopper.plan.covers): the in-kernel
+    gate with -5 <= lower_bound < 0, else safe_gate (the caller's guarantee that every log gate lies in [-5, 0))."""
+    if use_gate_in_kernel:
+        return lower_bound is not None and -5 <= lower_bound < 0
+    return safe_gate
+
+
 def _check(q, k, v, g, g_kind, beta, needs_beta, scale, initial_state, cu_seqlens, cu_seqlens_cpu):
     """(dims, scale as a float or None) of a validated call."""
     dims = V.check_attention(q=q, k=k, v=v, g=g, g_kind=g_kind, beta=beta, needs_beta=needs_beta,
@@ -359,9 +367,9 @@ def chunk_kda(
     if lower_bound is not None and (isinstance(lower_bound, bool) or not isinstance(lower_bound, (int, float))):
         raise TypeError(f"lower_bound: expected a float or None, got {type(lower_bound).__name__}")
     q, k, beta = _qk_beta(q, k, beta, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval)
-    bounded, gate_in = safe_gate, LOG_GATE
-    if V.check_flag("use_gate_in_kernel", use_gate_in_kernel):
-        bounded = lower_bound is not None and -5 <= lower_bound < 0
+    in_kernel = V.check_flag("use_gate_in_kernel", use_gate_in_kernel)
+    bounded, gate_in = kda_gate_bounded(in_kernel, safe_gate, lower_bound), LOG_GATE
+    if in_kernel:
         if A_log is None and lower_bound is None:
             raise ValueError("A_log: required when use_gate_in_kernel=True and lower_bound is not set")
         if safe_gate and not bounded:
