@@ -101,7 +101,8 @@ def gla_factors_kernel(K: int, dtype: str, gate_in: tuple | None, delta: bool = 
     @T.macro
     def land_rows(Q_s, Kr_s, row0, d0, qv, kv):
         """qv, kv <- q and k at rows [row0, row0 + SUB), key channels [d0, d0 + VEC), as landed in Q_s and Kr_s: a
-        row group's reads come before its writes, so its rows are rewritten in place without a barrier between."""
+        row group's reads all come before its writes, so TileLang's barrier planner (which cannot prove a thread's
+        elements its own) puts its barriers between the two phases, not between every read and write."""
         for i in T.unroll(SUB):
             for v in T.vectorized(VEC):
                 qv[i, v] = Q_s[row0 + i, d0 + v]
