@@ -105,23 +105,18 @@ def gate_column(g, params, scale, start, end, hv, width, gl, part_s, form):
         for i in T.unroll(1, run):
             for v in T.unroll(vec):
                 gl[i, v] += gl[i - 1, v]
-        if TILE // run == 1:
-            for i in T.unroll(run):
+        for v in T.vectorized(vec):
+            part_s[r, d0 + v] = gl[run - 1, v]
+        off = T.alloc_local((vec,), "float32")
+        for v in T.unroll(vec):
+            off[v] = 0.0
+        for s in T.unroll(TILE // run - 1):
+            if s < r:
                 for v in T.unroll(vec):
-                    gl[i, v] = gl[i, v] * (scale * LOG2E)
-        else:
-            for v in T.vectorized(vec):
-                part_s[r, d0 + v] = gl[run - 1, v]
-            off = T.alloc_local((vec,), "float32")
+                    off[v] += part_s[s, d0 + v]
+        for i in T.unroll(run):
             for v in T.unroll(vec):
-                off[v] = 0.0
-            for s in T.unroll(TILE // run - 1):
-                if s < r:
-                    for v in T.unroll(vec):
-                        off[v] += part_s[s, d0 + v]
-            for i in T.unroll(run):
-                for v in T.unroll(vec):
-                    gl[i, v] = (gl[i, v] + off[v]) * (scale * LOG2E)
+                gl[i, v] = (gl[i, v] + off[v]) * (scale * LOG2E)
 
 
 SUB = 16  # rows of a sub-chunk of the per-channel scores
