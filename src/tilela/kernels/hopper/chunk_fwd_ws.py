@@ -12,10 +12,11 @@ scalar gate or none:
     S   <- exp(gc_last) S + K^T Vd,                    Vd = exp(gc_last - gc) ⊙ Vnew
 
 With a per-key-channel gate, from the factors gla_factors.py computes beforehand (reference.chunk_math.gated_factors
-and wy_form's K ⊙ exp(gc); Qg, Kd and D take the q, k and g slots, P and Kg come as their own arguments):
+and wy_form's W; Qg, Kd and D take the q, k and g slots, Ab = A diag(beta) the A slot, P and W come as their own
+arguments):
 
     O    = scale Qg S + P V,       S <- D ⊙ S + Kd^T V,       D = exp(gc_last) per key channel      plain update
-    Vnew = A diag(beta) (V - Kg S),  O = scale Qg S + P Vnew,  S <- D ⊙ S + Kd^T Vnew              delta rule (KDA)
+    Vnew = Ab V - W S,  O = scale Qg S + P Vnew,  S <- D ⊙ S + Kd^T Vnew,  W = Ab (K ⊙ exp(gc))    delta rule (KDA)
 
 Levels served: linear_attn ("none", plain), simple_gla ("scalar", plain), gla ("channel", plain), delta_rule ("none",
 delta), GDN ("scalar", delta), KDA ("channel", delta; DV blocks below K: shared memory); K = 256 stays on
@@ -25,14 +26,15 @@ Warp groups, one macro each in chunk_fwd_ws_kernel (as in FlashAttention 3's hop
 producer, state and value the mainloop, output the epilogue):
     state   (threads   0-127)  S in fp32 registers for the whole sequence; per chunk it hands its 16-bit copy to
                                S_s, decays S and adds K^T Vd (K^T V from the input slots where Vd = V)
-    value   (threads 128-255)  delta rule: K S (Kg S under the per-channel gate) -> R = beta (V - exp(gc) K S) (in
-                               place of V) -> Vnew = A R -> Vd_s,
-                               then Vnew_s; plain update without output: Vd_s; plain update with output: the
-                               output of the even chunks; plain update without output or Vd_s: idle
+    value   (threads 128-255)  delta rule: K S -> R = beta (V - exp(gc) K S) (in place of V) -> Vnew = A R -> Vd_s,
+                               then Vnew_s; under the per-channel gate U = Ab V before S is ready, then W S ->
+                               Vnew = U - W S -> Vd_s, then Vnew_s; plain update without output: Vd_s; plain
+                               update with output: the output of the even chunks; plain update without output or
+                               Vd_s: idle
     output  (threads 256-383)  P = Q K^T (before S is ready; loaded with a per-channel gate), Q S, O = ... + P Vnew,
                                stores O (of the odd chunks where the value group takes the even ones); without
                                output: idle
-    load    (threads 384-511)  TMA warp: q (for the output), k, v, A (delta rule), P and Kg (per-channel gate);
+    load    (threads 384-511)  TMA warp: q (for the output), k, v, A (delta rule), P and W (per-channel gate);
                                gate warp: gc, beta (or the chunk's D)
                                loaded GATE_AHEAD chunks ahead into registers, written with exp(gc), exp(gc_last - gc)
                                and the rows' end mask; a last chunk's tail rows zeroed (Tails, below);
@@ -42,21 +44,23 @@ Hand-overs (Ring): a buffer of n slots, chunk c in slot c % n, one mbarrier pair
 the slot holds chunk c (a reader waits parity (c // n) % 2), "free" when its readers are done with it (the writer of
 chunk c waits parity (c // n + 1) % 2, which a fresh barrier passes: the first n chunks do not wait):
     ready / free         writer -> readers               buffer                     n
-    loaded / consumed    load -> the chunk's readers     q, k, v, A, gc, beta (D)   2 to 4, 3 delta rule (stages)
+    loaded / consumed    load -> the chunk's readers     q, k, v, A, W, P, gc, beta, D  2 to 4, 3 delta rule
     landed               TMA warp -> gate warp           a last chunk's tail bufs   per slot (loaded[n + s]), once
     S_ready / S_read     state -> value, output          S_s                        2
     Vd_ready / Vd_read   value or Vd writers -> state    Vd_s                       1 delta rule, 2 plain update
     Vn_ready / Vn_read   value -> output                 Vnew_s (delta rule)        2 to block_DV = 64, 1 above
-The recurrence's critical path is S_s -> K S -> A R -> K^T Vd -> S_s. P = Q K^T, Q S, P Vnew and the store run
+The recurrence's critical path is S_s -> K S -> A R -> K^T Vd -> S_s (S_s -> W S -> K^T Vd -> S_s under the
+per-channel gate). P = Q K^T, Q S, P Vnew and the store run
 beside it in the output group, a chunk behind at most (two S_s slots: the state never waits for Q S of the chunk it
 just left), and the next chunk's loads beside both.
 
 Tails: the 64-row tiles of a sequence's last chunk hold the following sequences' rows (or TMA zeros past the tensor
-end). The TMA warp loads that chunk's tail buffers (k, v, A, Kg) on the slot's "landed" barrier; the gate warp waits
+end). The TMA warp loads that chunk's tail buffers (k, v, A, W) on the slot's "landed" barrier; the gate warp waits
 for them, zeroes their rows past the sequence end and only then marks the slot loaded, so no product a valid row
-takes (K S, Kg S, A R, K^T Vd, K^T V, P V, P Vnew) meets another sequence's values (0 x NaN is NaN: a mask by
+takes (K S, W S, A R, Ab V, K^T Vd, K^T V, P V, P Vnew) meets another sequence's values (0 x NaN is NaN: a mask by
 multiplication would let a non-finite input cross). The column side needs exact zeros too, and has them: A's entries
-above the diagonal (kkt_solve.py) and P's (the causal select here, gla_factors.py under the per-channel gate). The
+above the diagonal (kkt_solve.py) and P's (the causal select here, gla_factors.py under the per-channel gate); Ab's
+columns past the sequence end are zero (gla_factors.py). The
 q, Qg and P rows past the end stay: they reach only output rows, which are not stored. beta = 0 and exp(gc_last - gc)
 = 0 there too, and gc is clamped to the last valid row.
 
@@ -68,7 +72,7 @@ Glossary:
     vd             the plain update through a written Vd_s (scalar gate); update_rule's key "vd"
     pingpong       (WsConfig.two_output_groups) the plain update with output: the value group, without products of
                    its own, is a second output group; the two take alternate chunks
-    input slots    the loaded / consumed ring's buffers: q_s, k_s, kg_s, v_s, A_s, Pg_s, g_s, eg_s, ed_s, beta_s,
+    input slots    the loaded / consumed ring's buffers: q_s, k_s, W_s, v_s, A_s, Pg_s, g_s, eg_s, ed_s, beta_s,
                    d_s
     NS1, NSL       launch sizes (common.state_pass_contract): len(cu_seqlens), one more than the sequences; the
                    tile slots of the per-channel gate's D
@@ -156,8 +160,8 @@ class WsConfig:
     scalar: bool
     """A scalar gate per row: gc and exp(gc) in the input slots, the state decays by exp(gc_last)."""
     channel: bool
-    """A per-key-channel gate: gla_factors.py's factors in the q, k, Pg (and with the delta rule kg) slots, the state
-    decays by D per key."""
+    """A per-key-channel gate: gla_factors.py's factors in the q, k, Pg (and with the delta rule A and W) slots, the
+    state decays by D per key; beta is in Ab = A diag(beta)."""
     two_output_groups: bool
     """The plain update with output ("pingpong"): the value group has no products, so it takes the output of the
     even chunks and the output group that of the odd ones. Each stages its own P; S_s slot c % 2 has one reader."""
@@ -170,7 +174,7 @@ class WsConfig:
     """The value group writes Vd_s (with the delta rule after R and Vnew, then Vnew_s); else it is an output group
     (two_output_groups) or idles (the state pass alone with K^T V from the input slots)."""
     inputs: Ring
-    """loaded / consumed: q, k, Kg, v, A, P, gc, beta, D from the load group to the groups that read them. Slots: as
+    """loaded / consumed: q, k, W, v, A, P, gc, beta, D from the load group to the groups that read them. Slots: as
     many as shared memory holds beside the fixed buffers, 2 to 4 (3 with the delta rule). Writers: the TMA warp
     and the gate warp (which zeroes a last chunk's tail rows first, module docstring). Readers: the state group,
     the chunk's output group, a value group that writes Vd_s, the Vd writers."""
@@ -213,17 +217,17 @@ class WsConfig:
         S_ring = Ring("S_ready", "S_read", 2, GROUP, S_readers * GROUP) if S_readers else None
         Vd_ring = None if kv_from_inputs else Ring("Vd_ready", "Vd_read", Vd_slots, 64 if vd_writers else GROUP, GROUP)
         Vn_ring = Ring("Vn_ready", "Vn_read", Vn_slots, GROUP, GROUP) if delta and store_output else None
-        slot = [buffer for buffer, used in (  # one input slot of each: q, k, Kg, v, gc, exp(gc), ed, A, P, beta, D
+        slot = [buffer for buffer, used in (  # one input slot of each: q, k, W, v, gc, exp(gc), ed, A, P, beta, D
             (Shared("q_s", (C, K)), store_output),
             (Shared("k_s", (C, K)), True),
-            (Shared("kg_s", (C, K)), channel and delta),  # Kg = K ⊙ exp(gc) for the value group's Kg S
+            (Shared("W_s", (C, K)), channel and delta),  # W = A diag(beta) (K ⊙ exp(gc)) for the value group's W S
             (Shared("v_s", (C, block_DV)), True),  # V, overwritten by R in the delta rule
             (Shared("g_s", (C,), fp32=True), scalar),  # gc
             (Shared("eg_s", (C,), fp32=True), scalar),  # exp(gc)
             (Shared("ed_s", (C,), fp32=True), not kv_from_inputs),  # exp(gc_last - gc), 0 past the sequence end
-            (Shared("A_s", (C, C)), delta),  # kkt_solve's A
+            (Shared("A_s", (C, C)), delta),  # kkt_solve's A; Ab = A diag(beta) under the per-channel gate
             (Shared("Pg_s", (C, C)), channel and store_output),  # the per-channel gate's scores P (gla_factors)
-            (Shared("beta_s", (C,), fp32=True), delta),
+            (Shared("beta_s", (C,), fp32=True), delta and not channel),
             (Shared("d_s", (K,), fp32=True), channel),  # D = exp(gc_last) per key channel
         ) if used]
         fixed = [buffer for buffer, used in (
@@ -345,25 +349,33 @@ def chunk_fwd_ws_kernel(
 
     @T.macro
     def value_group(smem, cta, KS_f, Vn_f):
-        """Per chunk, the delta rule's K S -> R = beta (V - exp(gc) K S) (in place of V) -> Vnew = A R, then Vd_s
-        = exp(gc_last - gc) Vnew and Vnew_s; under the plain update Vd_s = exp(gc_last - gc) V alone."""
+        """Per chunk, the delta rule's K S -> R = beta (V - exp(gc) K S) (in place of V) -> Vnew = A R (under the
+        per-channel gate U = Ab V, then Vnew = U - W S), then Vd_s = exp(gc_last - gc) Vnew and Vnew_s; under the
+        plain update Vd_s = exp(gc_last - gc) V alone."""
         for c in T.serial(cta.n_chunks):
             slot = inputs.slot(c)
             T.barrier_wait(smem.loaded[slot], inputs.ready_parity(c))
             if delta:
                 s = S_ring.slot(c)
+                if channel:  # U while the state group finishes the chunk before
+                    T.gemm(smem.A_s[slot, :, :], smem.v_s[slot, :, :], Vn_f, clear_accum=True)
                 T.barrier_wait(smem.S_ready[s], S_ring.ready_parity(c))
-                T.gemm(smem.kg_s[slot, :, :] if channel else smem.k_s[slot, :, :], smem.S_s[s, :, :], KS_f,
+                T.gemm(smem.W_s[slot, :, :] if channel else smem.k_s[slot, :, :], smem.S_s[s, :, :], KS_f,
                        clear_accum=True)
                 T.barrier_arrive(smem.S_read[s])
-                for i, j in T.Parallel(C, block_DV):
-                    if scalar:
-                        KS_f[i, j] = smem.beta_s[slot, i] * (smem.v_s[slot, i, j] - smem.eg_s[slot, i] * KS_f[i, j])
-                    else:
-                        KS_f[i, j] = smem.beta_s[slot, i] * (smem.v_s[slot, i, j] - KS_f[i, j])
-                T.copy(KS_f, smem.v_s[slot, :, :])
-                T.fence_proxy_async()
-                T.gemm(smem.A_s[slot, :, :], smem.v_s[slot, :, :], Vn_f, clear_accum=True)
+                if channel:
+                    for i, j in T.Parallel(C, block_DV):
+                        Vn_f[i, j] = Vn_f[i, j] - KS_f[i, j]
+                else:
+                    for i, j in T.Parallel(C, block_DV):
+                        if scalar:
+                            KS_f[i, j] = smem.beta_s[slot, i] * (smem.v_s[slot, i, j]
+                                                                 - smem.eg_s[slot, i] * KS_f[i, j])
+                        else:
+                            KS_f[i, j] = smem.beta_s[slot, i] * (smem.v_s[slot, i, j] - KS_f[i, j])
+                    T.copy(KS_f, smem.v_s[slot, :, :])
+                    T.fence_proxy_async()
+                    T.gemm(smem.A_s[slot, :, :], smem.v_s[slot, :, :], Vn_f, clear_accum=True)
             write_vd(smem, c, slot, Vn_f)  # first: Vd is on the recurrence's critical path, Vnew_s is not
             if Vn_ring is not None:
                 publish(smem, Vn_ring, c, Vn_f, smem.Vn_s)
@@ -422,8 +434,8 @@ def chunk_fwd_ws_kernel(
                              cta.t_end)
 
     @T.macro
-    def tma_warp(smem, cta, q, k, v, A, kg, P):
-        """The TMA loads of every chunk's q (for the output), k, v, A (delta rule), Kg (per-channel delta rule) and
+    def tma_warp(smem, cta, q, k, v, A, W, P):
+        """The TMA loads of every chunk's q (for the output), k, v, A (delta rule), W (per-channel delta rule) and
         P (per-channel gate, with output) into its input slot; a last chunk's tail buffers on "landed", where the
         gate warp zeroes their rows past the sequence end before it marks the slot loaded."""
         for c in T.serial(cta.n_chunks):
@@ -441,7 +453,7 @@ def chunk_fwd_ws_kernel(
             if delta:
                 T.tma_copy(A[cta.bb, t0 : t0 + C, cta.bh, :], smem.A_s[slot, :, :], barrier=smem.loaded[bar])
             if channel and delta:
-                T.tma_copy(kg[cta.bb, t0 : t0 + C, cta.bh, :], smem.kg_s[slot, :, :], barrier=smem.loaded[bar])
+                T.tma_copy(W[cta.bb, t0 : t0 + C, cta.bh, :], smem.W_s[slot, :, :], barrier=smem.loaded[bar])
             if t0 + C > cta.t_end:
                 T.barrier_arrive(smem.loaded[bar])
             T.barrier_arrive(smem.loaded[slot])
@@ -450,12 +462,13 @@ def chunk_fwd_ws_kernel(
     def fetch_gate_rows(u, c, regs, lane, cta, g, beta):
         """The gate warp's loads of chunk c (clamped to the last chunk: the loads past it are harmless repeats)
         into register set u: gc and beta of rows lane and lane + 32 (clamped to the sequence's last row), gc_last,
-        or the chunk's D under the per-channel gate. They stay in flight until the chunk's slot is written."""
+        or the chunk's D under the per-channel gate (its beta is in Ab). They stay in flight until the chunk's slot
+        is written."""
         t0 = cta.t_start + T.min(c, cta.n_chunks - 1) * C
         for r in T.unroll(C // 32):
             if scalar:
                 regs.g_r[u, r] = g[cta.bb, T.min(t0 + lane + 32 * r, cta.t_end - 1), cta.bh]
-            if delta:
+            if delta and not channel:
                 regs.beta_r[u, r] = T.cast(beta[cta.bb, T.min(t0 + lane + 32 * r, cta.t_end - 1), cta.bh], accum)
         if scalar:
             regs.g_last[u] = g[cta.bb, T.min(t0 + C - 1, cta.t_end - 1), cta.bh]
@@ -479,7 +492,7 @@ def chunk_fwd_ws_kernel(
         if channel and delta:
             for i, j in T.Parallel(C, K):
                 if i >= rows:
-                    smem.kg_s[slot, i, j] = 0
+                    smem.W_s[slot, i, j] = 0
 
     @T.macro
     def gate_warp(smem, cta, lane, g, beta):
@@ -510,7 +523,7 @@ def chunk_fwd_ws_kernel(
                             smem.ed_s[slot, i] = T.if_then_else(t0 + i < cta.t_end, exp_e(g_last[u] - g_r[u, r]), 0)
                         elif not cfg.kv_from_inputs:
                             smem.ed_s[slot, i] = T.if_then_else(t0 + i < cta.t_end, 1, 0)
-                        if delta:
+                        if delta and not channel:
                             smem.beta_s[slot, i] = T.if_then_else(t0 + i < cta.t_end, beta_r[u, r], 0)
                     if channel:
                         for e in T.unroll(K // 32):
@@ -611,7 +624,7 @@ def chunk_fwd_ws_kernel(
 
 
 def input_stages(K, block_DV, gate, delta, store_output):
-    """Input slots (q, k, Kg, v, A, P, gc, beta, exp(gc_last) per chunk): as many as shared memory holds beside the
+    """Input slots (q, k, W, v, A, P, gc, beta, exp(gc_last) per chunk): as many as shared memory holds beside the
     fixed buffers (S_s, Vd_s, Vnew_s, P_s), 2 to 4 (3 with the delta rule). Three let the loads of chunk c + 2
     overlap chunk c + 1 even when the output group lags a chunk behind; four keep more bytes in flight per SM."""
     return WsConfig.derive(K, block_DV, gate, delta, block_DV, store_output).stages
