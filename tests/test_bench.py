@@ -44,6 +44,16 @@ def test_kda_grid_is_the_issue_grid():
     assert full["2x8192_h64-64_bounded"]["B"] == 2 and full["1x8192_h64-64_softplus"]["B"] == 1
 
 
+def test_kda_bench_times_every_dv_block_of_the_pass():
+    """One implementation per DV block the KDA pass is built for (their profiles are the cost model's periods)."""
+    from tilela.bench import kda
+    from tilela.kernels.hopper.plan import dv_blocks
+
+    blocks = dv_blocks(kda.DIM, "channel", True)
+    assert sorted(blocks) == list(kda.DV_BLOCKS)
+    assert {f"tilela_dv{block}" for block in blocks} <= set(kda.BENCH.impls)
+
+
 def test_markdown_ratios_and_floor():
     rec = dict(op="x", case="c", params={}, rel_err=None, floor_ms=0.5)
     table = bench.markdown([dict(rec, impl="ours", ms=1.0), dict(rec, impl="theirs", ms=2.0)])

@@ -10,6 +10,9 @@ with g_raw normal, A_log = log(uniform(1, 16)) and dt_bias = softplus^-1(dt), dt
 Implementations (given cu_seqlens and its host copy where varlen):
   tilela       tilela.chunk_kda (the Hopper kernels with safe_gate, so for the bounded form; else the PyTorch path)
   tilela_loop  the bounded form through our pipeline on the single-warp-group pass (plan kernel="loop")
+  tilela_dv16, tilela_dv32, tilela_dv64
+               the bounded form through our pipeline with the warp-specialised pass's DV block fixed (each block
+               it is built for, plan.dv_blocks): with --profile, the chunk periods of plan.CHUNK_US["kda", ...]
   fla          fla.ops.kda.chunk_kda with FLA_FLASH_KDA=0 and FLA_FLASH_QLA=0 (Triton)
 Cases (K = V = 128): HV in {8, 32, 64} (H = HV) x T in {8192, 32768}; varlen 1024x8 at h32; one 65536-token
 sequence at h4/16; FlashKDA's published H200 cases, B = 1 and B = 2 at T = 8192, H = 64 (FlashKDA 1.209 and
@@ -18,6 +21,7 @@ Floor: q, k, v, the raw gate, beta read once, o written once, the state read and
 form per value head (K K^T and Q K^T with the gate folded in, A R, K S, Q S, P Vnew and K^T Vnew per chunk).
 """
 
+import functools
 import math
 
 import torch
@@ -35,6 +39,7 @@ GRID = [((hv, hv), f"1x{T}", (T,), 1) for hv in (8, 32, 64) for T in (8192, 3276
 EXTRA = [((32, 32), "1024x8", (1024,) * 8, 1), ((4, 16), "1x65536", (65536,), 1),
          ((64, 64), "2x8192", (8192,), 2)]
 QUICK = ["1x8192_h64-64", "2x8192_h64-64", "1024x8_h32-32", "1x65536_h4-16"]
+DV_BLOCKS = (16, 32, 64)  # plan.dv_blocks(DIM, "channel", True)
 
 
 def _case(heads, layout, lengths, B, gate):
@@ -84,9 +89,10 @@ def _ours(case, x):
     return o
 
 
-def _ours_loop(case, x):
-    """The bounded form through the plan's stages (the gate formed in the cumsum stage, the loop pass's gc) with the
-    single-warp-group pass; None for the unbounded form, which the kernels' contract excludes."""
+def _ours_plan(case, x, **options):
+    """The bounded form through the plan's stages with make_plan's options (kernel="loop": the gate formed in the
+    cumsum stage, the single-warp-group pass; block_DV: the warp-specialised pass's DV block); None for the
+    unbounded form, which the kernels' contract excludes."""
     from tilela.kernels import hopper
     from tilela.ops import in_kernel_gate
 
@@ -94,7 +100,7 @@ def _ours_loop(case, x):
     if p["gate"] != "bounded":
         return None
     gate_in = in_kernel_gate(x["g"], x["A_log"], x["dt_bias"], LOWER_BOUND)
-    plan = hopper_plan(x, list(p["lengths"]) * p["B"], p["K"], "channel", kernel="loop", gate_form=gate_in.form)
+    plan = hopper_plan(x, list(p["lengths"]) * p["B"], p["K"], "channel", gate_form=gate_in.form, **options)
     o, _ = hopper.forward(plan, x["q"], x["k"], x["v"], x["g"], x["beta"], x["initial_state"], x.get("cu_seqlens"),
                           gate_params=gate_in.params, gate_scale=gate_in.lower_bound)
     return o
@@ -138,7 +144,9 @@ BENCH = Bench(
     check_cases=[_case((2, 2), "1x2048", (2048,), 1, "softplus"),
                  _case((2, 4), "300+1+77+64", (300, 1, 77, 64), 1, "bounded")],
     make_inputs=make_inputs,
-    impls={"tilela": _ours, "tilela_loop": _ours_loop, "fla": _fla},
+    impls={"tilela": _ours, "tilela_loop": functools.partial(_ours_plan, kernel="loop"),
+           **{f"tilela_dv{block}": functools.partial(_ours_plan, block_DV=block) for block in DV_BLOCKS},
+           "fla": _fla},
     reference=_reference,
     cost=cost,
 )
