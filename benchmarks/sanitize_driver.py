@@ -11,7 +11,7 @@ GVA-1 variant), an initial state, the final state stored. Families:
   kkt     kkt_solve at every chunk size, inverse, dtype, gate kind and value-head pairing (public op; the
           per-channel gate through the launcher);
   factors gla_factors at every shipped configuration (through the launcher: K, dtype, gc or the raw gate of each
-          form and dtype, with and without the delta rule's W and A diag(beta));
+          form and dtype, with and without the delta rule's Kg and A);
   ws      the warp-specialised state/output pass at every DV block of every configuration it covers (levels 1-4 and
           GDN at K = 64 and 128; gla through gla_factors, summing the raw gate itself and from a given cumsum);
   loop    the single-warp-group pass for every level and KDA at K = 64 and 128, and the levels without a per-channel
@@ -67,7 +67,7 @@ def entry_points():
                                     initial_state=h0 is not None, output_final_state=output_final_state, varlen=True,
                                     g_input="cumsum" if g_is_cumsum else "raw", kernel=kernel, block_DV=block_DV,
                                     split=segments)
-        return hopper.forward(the_plan, q, k, v, g, beta, h0, cu, A=A if the_plan.kkt else None)
+        return hopper.forward(the_plan, q, k, v, g, beta, h0, cu, A=A)
 
     def cumsum_in_kernel_gate(key, raw, params, lower_bound, cu):
         return launch.launch_cumsum(key, raw, launch.Schedule.of(raw, cu), lower_bound, params)
@@ -78,11 +78,9 @@ def entry_points():
         return launch.launch_kkt(key, k, beta, gc, launch.Schedule.of(k, cu))
 
     def factors(key, q, k, g, beta, scale, cu, params=None, lower=None):
-        """(Qg, W, Ab) of gla_factors' configuration key on g (gc, or the raw gate of key's gate_in); W and Ab None
-        without the delta rule."""
-        Qg, _, W, _, Ab, _ = launch.launch_factors(key, q, k, g, beta, scale, launch.Schedule.of(q, cu), params,
-                                                   lower)
-        return Qg, W, Ab
+        """(Qg, A or None) of gla_factors' configuration key on g (gc, or the raw gate of key's gate_in)."""
+        Qg, _, _, _, A, _ = launch.launch_factors(key, q, k, g, beta, scale, launch.Schedule.of(q, cu), params, lower)
+        return Qg, A
 
     return SimpleNamespace(
         chunk_forward=chunk_forward,
@@ -199,14 +197,12 @@ def jobs(ep, dtypes: list[str]) -> list[tuple[str, str, object]]:
             gc = reference.chunk_local_cumsum(g, 64, x["cu"])
             d = cuda(x)
             g_dev = (gc.float() if gate_in is None else raw).cuda()
-            Qg, W, Ab = ep.factors((K, dtype_name, gate_in, delta), d["q"], d["k"], g_dev,
-                                   d["beta"] if delta else None, K ** -0.5, d["cu"],
-                                   None if params is None else params.cuda(), lower)
+            Qg, A = ep.factors((K, dtype_name, gate_in, delta), d["q"], d["k"], g_dev, d["beta"] if delta else None,
+                               K ** -0.5, d["cu"], None if params is None else params.cuda(), lower)
             G = x["v"].shape[2] // H
             errors = (rel_l2(Qg, x["q"].double().repeat_interleave(G, dim=2) * gc.exp()),)
             if delta:
-                ref_Ab, ref_W = reference.wy_factors(x["k"], x["beta"], gc, 64, x["cu"])
-                errors += (rel_l2(Ab, ref_Ab), rel_l2(W, ref_W))
+                errors += (rel_l2(A, reference.kkt_solve(x["k"], x["beta"], gc, 64, x["cu"])),)
             return errors
         out.append(("factors", f"factors K{K} {dtype_name} gate_in {gate_in} delta {delta}", factors))
     for name in dtypes:

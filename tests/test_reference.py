@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from tilela.reference import chunk_math
 from tilela.reference import (blocked_inverse, chunk_local_cumsum, chunked, flat_block_inverse, inverse_cost,
                               kkt_solve, neumann_inverse_16, recurrent, row_forward_inplace, seq_in_grid,
-                              seq_in_loop, seq_split, wy_factors)
+                              seq_in_loop, seq_split)
 
 F64 = torch.float64
 GATES = ["none", "scalar", "channel"]
@@ -114,8 +114,8 @@ def test_gated_factors_give_the_chunk_step(gate):
 
 @pytest.mark.parametrize("gate", GATES)
 def test_gated_factors_give_the_delta_rule_step(gate):
-    """The warp-specialised pass's per-channel delta rule (KDA) from the factors, Ab = A diag(beta) and W = Ab (K ⊙
-    exp(gc)): Vnew = Ab V - W S0, O = scale Qg S0 + P Vnew, S_next = exp(gc_last) ⊙ S0 + Kd^T Vnew equal
+    """The warp-specialised pass's per-channel delta rule (KDA) from the factors and Kg = K ⊙ exp(gc):
+    Vnew = A diag(beta) (V - Kg S0), O = scale Qg S0 + P Vnew, S_next = exp(gc_last) ⊙ S0 + Kd^T Vnew equal
     chunk_forward's delta-rule step."""
     p = make_problem(gate, True, B=1, T=16, H=2, G=1)
     q, k, v, beta = (p[n][0].transpose(0, 1) for n in ("q", "k", "v", "beta"))
@@ -125,9 +125,8 @@ def test_gated_factors_give_the_delta_rule_step(gate):
     scale = 8 ** -0.5
     O, S_next = chunk_math.chunk_forward(q, k, v, gc, beta, S0, scale)
     Qg, Kd, P = chunk_math.gated_factors(q, k, gc, scale)
-    Ab = chunk_math.ut_transform(k, beta, gc) * beta[..., None, :]
-    W = Ab @ (k * gc.exp())
-    Vnew = Ab @ v - W @ S0
+    Kg, A = k * gc.exp(), chunk_math.ut_transform(k, beta, gc)
+    Vnew = A @ (beta[..., None] * (v - Kg @ S0))
     torch.testing.assert_close(scale * Qg @ S0 + P @ Vnew, O, rtol=0, atol=1e-12)
     decay = gc[:, -1, :].exp()[..., None]
     torch.testing.assert_close(decay * S0 + Kd.transpose(-1, -2) @ Vnew, S_next, rtol=0, atol=1e-12)
@@ -214,28 +213,6 @@ def test_kkt_solve_matches_explicit_inverse(C, gate, inverse):
         for bos, eos in zip(cu[:-1], cu[1:]):
             expected = explicit_kkt_rows(p["k"][0], p["beta"][0, :, h], head_gc, C, bos, eos, h // G, h)
             torch.testing.assert_close(A[0, bos:eos, h], expected, rtol=0, atol=1e-13)
-
-
-@pytest.mark.parametrize("gate", GATES)
-def test_wy_factors_are_kkt_solve_times_beta_and_the_wy_form(gate):
-    """wy_factors' Ab is kkt_solve's A with column j scaled by its token's beta, and its W row for row the chunks'
-    chunk_math.wy_form W (partial chunks, length-0/1 sequences, GVA, a g = -20 head)."""
-    lengths, C = [40, 1, 0, 16, 70], 16
-    p = make_problem(gate, True, lengths, H=1, G=3, K=8)
-    gc = None if p["g"] is None else chunk_local_cumsum(p["g"], C, p["cu_seqlens"])
-    Ab, W = wy_factors(p["k"], p["beta"], gc, chunk_size=C, cu_seqlens=p["cu_seqlens"])
-    A = kkt_solve(p["k"], p["beta"], gc, chunk_size=C, cu_seqlens=p["cu_seqlens"])
-    cu = p["cu_seqlens"].tolist()
-    for bos, eos in zip(cu[:-1], cu[1:]):
-        for c0 in range(bos, eos, C):
-            c1 = min(c0 + C, eos)
-            beta = p["beta"][0, c0:c1].transpose(0, 1)  # [HV, L]
-            torch.testing.assert_close(Ab[0, c0:c1, :, : c1 - c0], A[0, c0:c1, :, : c1 - c0] * beta[None],
-                                       rtol=0, atol=1e-15)
-            k = p["k"][0, c0:c1].repeat_interleave(3, dim=1).transpose(0, 1)  # [HV, L, K]
-            head_gc = torch.zeros_like(k) if gc is None else gc[0, c0:c1].reshape(c1 - c0, 3, -1).transpose(0, 1)
-            W_c, _ = chunk_math.wy_form(k, k, beta, head_gc)
-            torch.testing.assert_close(W[0, c0:c1], W_c.transpose(0, 1), rtol=0, atol=1e-13)
 
 
 def realistic_L(C, gated, batch=3, K=32, seed=3):

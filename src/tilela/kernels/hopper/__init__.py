@@ -12,8 +12,8 @@ precompile.py`; token counts, head counts, K (cumsum, kkt_solve) and varlen layo
     chunk_local_cumsum_kernel(chunk, g dtype, gate form): "log" at every chunk, FLA's in-kernel gate forms at 64
     kkt_solve_kernel(chunk, method, k dtype, gate kind, value heads per pass); "blocked" at chunk 16 is the plain
     in-place forward substitution of the 16x16 block (no coupling level)
-    gla_factors_kernel(K, q/k dtype, gate_in, whether it writes KDA's W and A diag(beta)): gate_in None (gc), or
-    the raw gate of GLA's log form or KDA's forms (the log gate and the bounded sigmoid)
+    gla_factors_kernel(K, q/k dtype, gate_in, whether it writes KDA's Kg and A): gate_in None (gc), or the raw gate
+    of GLA's log form or KDA's forms (the log gate and the bounded sigmoid)
     seq_combine_kernel(K, V, gate kind, whether an initial state is read): the plain update's sequence split
     l2norm_kernel(K, q/k dtype): use_qk_l2norm_in_kernel
     the state passes: plan.PassConfig.args for every (K, gate, update rule, dtype, switches, tiles) a plan can hold

@@ -12,11 +12,10 @@ scalar gate or none:
     S   <- exp(gc_last) S + K^T Vd,                    Vd = exp(gc_last - gc) ⊙ Vnew
 
 With a per-key-channel gate, from the factors gla_factors.py computes beforehand (reference.chunk_math.gated_factors
-and wy_form's W; Qg, Kd and D take the q, k and g slots, Ab = A diag(beta) the A slot, P and W come as their own
-arguments):
+and wy_form's K ⊙ exp(gc); Qg, Kd and D take the q, k and g slots, P and Kg come as their own arguments):
 
     O    = scale Qg S + P V,       S <- D ⊙ S + Kd^T V,       D = exp(gc_last) per key channel      plain update
-    Vnew = Ab V - W S,  O = scale Qg S + P Vnew,  S <- D ⊙ S + Kd^T Vnew,  W = Ab (K ⊙ exp(gc))    delta rule (KDA)
+    Vnew = A diag(beta) (V - Kg S),  O = scale Qg S + P Vnew,  S <- D ⊙ S + Kd^T Vnew              delta rule (KDA)
 
 Levels served: linear_attn ("none", plain), simple_gla ("scalar", plain), gla ("channel", plain), delta_rule ("none",
 delta), GDN ("scalar", delta), KDA ("channel", delta; DV blocks below K: shared memory); K = 256 stays on
@@ -25,17 +24,15 @@ chunk_fwd.py.
 Warp groups, one macro each in chunk_fwd_ws_kernel (as in FlashAttention 3's hopper/ kernels: the load group is the
 producer, state and value the mainloop, output the epilogue):
     state   (threads   0-127)  S in fp32 registers for the whole sequence; per chunk it hands its 16-bit copy to
-                               S_s, decays S and adds K^T Vd (K^T V from the input slots where Vd = V); under the
-                               per-channel delta rule it runs the whole chain itself: W S, Vnew = U - W S -> Vnew_s,
-                               K^T Vnew (state_chain)
-    value   (threads 128-255)  delta rule: K S -> R = beta (V - exp(gc) K S) (in place of V) -> Vnew = A R -> Vd_s,
-                               then Vnew_s; under the per-channel gate U = Ab V -> U_s, ahead of the chain; plain
-                               update without output: Vd_s; plain update with output: the output of the even
-                               chunks; plain update without output or Vd_s: idle
+                               S_s, decays S and adds K^T Vd (K^T V from the input slots where Vd = V)
+    value   (threads 128-255)  delta rule: K S (Kg S under the per-channel gate) -> R = beta (V - exp(gc) K S) (in
+                               place of V) -> Vnew = A R -> Vd_s,
+                               then Vnew_s; plain update without output: Vd_s; plain update with output: the
+                               output of the even chunks; plain update without output or Vd_s: idle
     output  (threads 256-383)  P = Q K^T (before S is ready; loaded with a per-channel gate), Q S, O = ... + P Vnew,
                                stores O (of the odd chunks where the value group takes the even ones); without
                                output: idle
-    load    (threads 384-511)  TMA warp: q (for the output), k, v, A (delta rule), P and W (per-channel gate);
+    load    (threads 384-511)  TMA warp: q (for the output), k, v, A (delta rule), P and Kg (per-channel gate);
                                gate warp: gc, beta (or the chunk's D)
                                loaded GATE_AHEAD chunks ahead into registers, written with exp(gc), exp(gc_last - gc)
                                and the rows' end mask; a last chunk's tail rows zeroed (Tails, below);
@@ -45,24 +42,21 @@ Hand-overs (Ring): a buffer of n slots, chunk c in slot c % n, one mbarrier pair
 the slot holds chunk c (a reader waits parity (c // n) % 2), "free" when its readers are done with it (the writer of
 chunk c waits parity (c // n + 1) % 2, which a fresh barrier passes: the first n chunks do not wait):
     ready / free         writer -> readers               buffer                     n
-    loaded / consumed    load -> the chunk's readers     q, k, v, A, W, P, gc, ...  2 to 4, 3 delta rule
+    loaded / consumed    load -> the chunk's readers     q, k, v, A, gc, beta (D)   2 to 4, 3 delta rule (stages)
     landed               TMA warp -> gate warp           a last chunk's tail bufs   per slot (loaded[n + s]), once
     S_ready / S_read     state -> value, output          S_s                        2
     Vd_ready / Vd_read   value or Vd writers -> state    Vd_s                       1 delta rule, 2 plain update
-    Vn_ready / Vn_read   value (state) -> output         Vnew_s (delta rule)        2 to block_DV = 64, 1 above
-    U_ready / U_read     value -> state                  U_s = Ab V, fp32 (KDA)     2
-The recurrence's critical path is S_s -> K S -> A R -> K^T Vd -> S_s; under the per-channel delta rule S_s -> W S
--> Vnew_s -> K^T Vnew -> S_s, all in the state group (no hand-over between groups on it). P = Q K^T, Q S, P Vnew
-and the store run beside it in the output group, a chunk behind at most (two S_s slots: the state never waits for
-Q S of the chunk it just left), and the next chunk's loads beside both.
+    Vn_ready / Vn_read   value -> output                 Vnew_s (delta rule)        2 to block_DV = 64, 1 above
+The recurrence's critical path is S_s -> K S -> A R -> K^T Vd -> S_s. P = Q K^T, Q S, P Vnew and the store run
+beside it in the output group, a chunk behind at most (two S_s slots: the state never waits for Q S of the chunk it
+just left), and the next chunk's loads beside both.
 
 Tails: the 64-row tiles of a sequence's last chunk hold the following sequences' rows (or TMA zeros past the tensor
-end). The TMA warp loads that chunk's tail buffers (k, v, A, W) on the slot's "landed" barrier; the gate warp waits
+end). The TMA warp loads that chunk's tail buffers (k, v, A, Kg) on the slot's "landed" barrier; the gate warp waits
 for them, zeroes their rows past the sequence end and only then marks the slot loaded, so no product a valid row
-takes (K S, W S, A R, Ab V, K^T Vd, K^T V, P V, P Vnew) meets another sequence's values (0 x NaN is NaN: a mask by
+takes (K S, Kg S, A R, K^T Vd, K^T V, P V, P Vnew) meets another sequence's values (0 x NaN is NaN: a mask by
 multiplication would let a non-finite input cross). The column side needs exact zeros too, and has them: A's entries
-above the diagonal (kkt_solve.py) and P's (the causal select here, gla_factors.py under the per-channel gate); Ab's
-columns past the sequence end are zero (gla_factors.py). The
+above the diagonal (kkt_solve.py) and P's (the causal select here, gla_factors.py under the per-channel gate). The
 q, Qg and P rows past the end stay: they reach only output rows, which are not stored. beta = 0 and exp(gc_last - gc)
 = 0 there too, and gc is clamped to the last valid row.
 
@@ -74,7 +68,7 @@ Glossary:
     vd             the plain update through a written Vd_s (scalar gate); update_rule's key "vd"
     pingpong       (WsConfig.two_output_groups) the plain update with output: the value group, without products of
                    its own, is a second output group; the two take alternate chunks
-    input slots    the loaded / consumed ring's buffers: q_s, k_s, W_s, v_s, A_s, Pg_s, g_s, eg_s, ed_s, beta_s,
+    input slots    the loaded / consumed ring's buffers: q_s, k_s, kg_s, v_s, A_s, Pg_s, g_s, eg_s, ed_s, beta_s,
                    d_s
     NS1, NSL       launch sizes (common.state_pass_contract): len(cu_seqlens), one more than the sequences; the
                    tile slots of the per-channel gate's D
@@ -162,8 +156,8 @@ class WsConfig:
     scalar: bool
     """A scalar gate per row: gc and exp(gc) in the input slots, the state decays by exp(gc_last)."""
     channel: bool
-    """A per-key-channel gate: gla_factors.py's factors in the q, k, Pg (and with the delta rule A and W) slots, the
-    state decays by D per key; beta is in Ab = A diag(beta)."""
+    """A per-key-channel gate: gla_factors.py's factors in the q, k, Pg (and with the delta rule kg) slots, the state
+    decays by D per key."""
     two_output_groups: bool
     """The plain update with output ("pingpong"): the value group has no products, so it takes the output of the
     even chunks and the output group that of the odd ones. Each stages its own P; S_s slot c % 2 has one reader."""
@@ -174,13 +168,9 @@ class WsConfig:
     """Two otherwise idle load warps write Vd_s = exp(gc_last - gc) V: two output groups and a Vd_s."""
     value_writes_vd: bool
     """The value group writes Vd_s (with the delta rule after R and Vnew, then Vnew_s); else it is an output group
-    (two_output_groups), writes U_s (state_chain) or idles (the state pass alone with K^T V from the input slots)."""
-    state_chain: bool
-    """The per-channel delta rule (KDA, with output): the state group runs the whole recurrence, S_s -> W S ->
-    Vnew = U - W S -> Vnew_s -> K^T Vnew, with no hand-over to another group on it; the value group writes U = Ab V
-    to U_s ahead of it, and Vnew_s (Vd = Vnew: its rows past the sequence end are zero) goes to the output group."""
+    (two_output_groups) or idles (the state pass alone with K^T V from the input slots)."""
     inputs: Ring
-    """loaded / consumed: q, k, W, v, A, P, gc, beta, D from the load group to the groups that read them. Slots: as
+    """loaded / consumed: q, k, Kg, v, A, P, gc, beta, D from the load group to the groups that read them. Slots: as
     many as shared memory holds beside the fixed buffers, 2 to 4 (3 with the delta rule). Writers: the TMA warp
     and the gate warp (which zeroes a last chunk's tail rows first, module docstring). Readers: the state group,
     the chunk's output group, a value group that writes Vd_s, the Vd writers."""
@@ -191,13 +181,11 @@ class WsConfig:
     """Vd_ready / Vd_read: Vd_s to the state group from the value group or the two Vd writers (vd_slots). None:
     K^T V from the input slots."""
     Vn_ring: Ring | None
-    """Vn_ready / Vn_read: Vnew_s from the value group (the state group under state_chain) to the output group
-    (delta rule with output); two slots up to block_DV = 64, one above (shared memory). None: no Vnew_s."""
-    U_ring: Ring | None
-    """U_ready / U_read: U_s = Ab V (fp32) from the value group to the state group, two slots (state_chain)."""
+    """Vn_ready / Vn_read: Vnew_s from the value group to the output group (delta rule with output); two slots up
+    to block_DV = 64, one above (shared memory). None: no Vnew_s."""
     shared: tuple[Shared, ...]
     """Every shared buffer the builder allocates, in allocation order: the input slots' buffers, then the fixed
-    ones (Vnew_s, S_s, Vd_s, P_s, U_s)."""
+    ones (Vnew_s, S_s, Vd_s, P_s)."""
 
     @property
     def stages(self) -> int:
@@ -207,8 +195,7 @@ class WsConfig:
     @property
     def rings(self) -> tuple[Ring, ...]:
         """The hand-overs that exist, in the order their barriers are allocated."""
-        return tuple(ring for ring in (self.inputs, self.S_ring, self.Vd_ring, self.Vn_ring, self.U_ring)
-                     if ring is not None)
+        return tuple(ring for ring in (self.inputs, self.S_ring, self.Vd_ring, self.Vn_ring) if ring is not None)
 
     @classmethod
     def derive(cls, K: int, V: int, gate: str, delta: bool, block_DV: int, store_output: bool) -> "WsConfig":
@@ -217,34 +204,26 @@ class WsConfig:
             raise ValueError(f"gate: one of {GATES}, got {gate!r}")
         scalar, channel = gate == "scalar", gate == "channel"
         C = CHUNK
-        state_chain = channel and delta
-        if state_chain and not store_output:
-            raise ValueError("store_output: the per-channel delta rule's pass is built with its output group (its "
-                             "state chain hands Vnew_s to it), got store_output=False")
         two_output_groups = store_output and not delta
         kv_from_inputs = direct_v(gate, delta)
         vd_writers = two_output_groups and not kv_from_inputs
-        value_writes_vd = not two_output_groups and not kv_from_inputs and not state_chain
-        # warp groups reading S_s besides the state group
-        S_readers = 1 if two_output_groups else int(delta and not state_chain) + int(store_output)
+        value_writes_vd = not two_output_groups and not kv_from_inputs
+        S_readers = 1 if two_output_groups else int(delta) + int(store_output)  # warp groups reading S_s
         Vd_slots, Vn_slots = vd_slots(delta), 2 if block_DV <= 64 else 1
         S_ring = Ring("S_ready", "S_read", 2, GROUP, S_readers * GROUP) if S_readers else None
-        Vd_ring = None if kv_from_inputs or state_chain else Ring("Vd_ready", "Vd_read", Vd_slots,
-                                                                   64 if vd_writers else GROUP, GROUP)
+        Vd_ring = None if kv_from_inputs else Ring("Vd_ready", "Vd_read", Vd_slots, 64 if vd_writers else GROUP, GROUP)
         Vn_ring = Ring("Vn_ready", "Vn_read", Vn_slots, GROUP, GROUP) if delta and store_output else None
-        U_ring = Ring("U_ready", "U_read", 2, GROUP, GROUP) if state_chain else None
-        slot = [buffer for buffer, used in (  # one input slot of each: q, k, W, v, gc, exp(gc), ed, A, P, beta, D
+        slot = [buffer for buffer, used in (  # one input slot of each: q, k, Kg, v, gc, exp(gc), ed, A, P, beta, D
             (Shared("q_s", (C, K)), store_output),
             (Shared("k_s", (C, K)), True),
-            (Shared("W_s", (C, K)), channel and delta),  # W = A diag(beta) (K ⊙ exp(gc)) for the value group's W S
+            (Shared("kg_s", (C, K)), channel and delta),  # Kg = K ⊙ exp(gc) for the value group's Kg S
             (Shared("v_s", (C, block_DV)), True),  # V, overwritten by R in the delta rule
             (Shared("g_s", (C,), fp32=True), scalar),  # gc
             (Shared("eg_s", (C,), fp32=True), scalar),  # exp(gc)
-            (Shared("ed_s", (C,), fp32=True), not kv_from_inputs and not state_chain),  # exp(gc_last - gc), 0 past
-            # the sequence end
-            (Shared("A_s", (C, C)), delta),  # kkt_solve's A; Ab = A diag(beta) under the per-channel gate
+            (Shared("ed_s", (C,), fp32=True), not kv_from_inputs),  # exp(gc_last - gc), 0 past the sequence end
+            (Shared("A_s", (C, C)), delta),  # kkt_solve's A
             (Shared("Pg_s", (C, C)), channel and store_output),  # the per-channel gate's scores P (gla_factors)
-            (Shared("beta_s", (C,), fp32=True), delta and not channel),
+            (Shared("beta_s", (C,), fp32=True), delta),
             (Shared("d_s", (K,), fp32=True), channel),  # D = exp(gc_last) per key channel
         ) if used]
         fixed = [buffer for buffer, used in (
@@ -252,7 +231,6 @@ class WsConfig:
             (Shared("S_s", (2, K, block_DV)), S_ring is not None),
             (Shared("Vd_s", (Vd_slots, C, block_DV)), Vd_ring is not None),
             (Shared("P_s", (2, C, C) if two_output_groups else (C, C)), store_output and not channel),
-            (Shared("U_s", (2, C, block_DV), fp32=True), state_chain),
         ) if used]
         free = SHARED_BYTES - sum(b.bytes for b in fixed)
         stages = min(3 if delta else 4, free // sum(b.bytes for b in slot))
@@ -263,10 +241,10 @@ class WsConfig:
         return cls(
             K=K, V=V, gate=gate, delta=delta, block_DV=block_DV, store_output=store_output, NV=V // block_DV,
             scalar=scalar, channel=channel, two_output_groups=two_output_groups, kv_from_inputs=kv_from_inputs,
-            vd_writers=vd_writers, value_writes_vd=value_writes_vd, state_chain=state_chain,
+            vd_writers=vd_writers, value_writes_vd=value_writes_vd,
             inputs=Ring("loaded", "consumed", stages, 64,
-                        GROUP * (1 + int(store_output) + int(value_writes_vd or state_chain)) + 64 * int(vd_writers)),
-            S_ring=S_ring, Vd_ring=Vd_ring, Vn_ring=Vn_ring, U_ring=U_ring,
+                        GROUP * (1 + int(store_output) + int(value_writes_vd)) + 64 * int(vd_writers)),
+            S_ring=S_ring, Vd_ring=Vd_ring, Vn_ring=Vn_ring,
             shared=tuple(Shared(b.name, (stages, *b.shape), b.fp32) for b in slot) + tuple(fixed),
         )
 
@@ -309,7 +287,7 @@ def chunk_fwd_ws_kernel(
     cfg = WsConfig.derive(K, V, gate, delta, block_DV, store_output)
     C, accum = CHUNK, "float32"
     scalar, channel = cfg.scalar, cfg.channel
-    inputs, S_ring, Vd_ring, Vn_ring, U_ring = cfg.inputs, cfg.S_ring, cfg.Vd_ring, cfg.Vn_ring, cfg.U_ring
+    inputs, S_ring, Vd_ring, Vn_ring = cfg.inputs, cfg.S_ring, cfg.Vd_ring, cfg.Vn_ring
     sig = state_pass_contract(K, V, gate, delta, dtype, beta_dtype, scores=channel)
     B, Tn, H, HV, NS1 = sig.B, sig.Tn, sig.H, sig.HV, sig.NS1
 
@@ -336,9 +314,8 @@ def chunk_fwd_ws_kernel(
         T.barrier_arrive(smem.Vd_ready[Vd_ring.slot(c)])
 
     @T.macro
-    def state_group(smem, cta, S_f, KS_f, h0, ht):
-        """S for the whole sequence: per chunk, hand its 16-bit copy to S_s, decay S, add K^T Vd (or K^T V); under
-        state_chain the chain between: W S, Vnew = U - W S (in KS_f), Vnew_s, then K^T Vnew."""
+    def state_group(smem, cta, S_f, h0, ht):
+        """S for the whole sequence: per chunk, hand its 16-bit copy to S_s, decay S, add K^T Vd (or K^T V)."""
         decay = T.alloc_local([1], accum)
         if use_initial_state:
             T.copy(h0[cta.bn, cta.bh, 0:K, cta.v0 : cta.v0 + block_DV], S_f)
@@ -349,8 +326,6 @@ def chunk_fwd_ws_kernel(
             T.barrier_wait(smem.loaded[slot], inputs.ready_parity(c))
             if S_ring is not None:
                 publish(smem, S_ring, c, S_f, smem.S_s)
-            if cfg.state_chain:
-                T.gemm(smem.W_s[slot, :, :], smem.S_s[S_ring.slot(c), :, :], KS_f, clear_accum=True)
             if scalar:
                 decay[0] = smem.eg_s[slot, C - 1]
                 for i, j in T.Parallel(K, block_DV):
@@ -360,14 +335,6 @@ def chunk_fwd_ws_kernel(
                     S_f[i, j] = S_f[i, j] * smem.d_s[slot, i]
             if cfg.kv_from_inputs:
                 T.gemm(smem.k_s[slot, :, :], smem.v_s[slot, :, :], S_f, transpose_A=True)
-            elif cfg.state_chain:
-                u, n = U_ring.slot(c), Vn_ring.slot(c)
-                T.barrier_wait(smem.U_ready[u], U_ring.ready_parity(c))
-                for i, j in T.Parallel(C, block_DV):
-                    KS_f[i, j] = smem.U_s[u, i, j] - KS_f[i, j]
-                T.barrier_arrive(smem.U_read[u])
-                publish(smem, Vn_ring, c, KS_f, smem.Vn_s)
-                T.gemm(smem.k_s[slot, :, :], smem.Vn_s[n, :, :], S_f, transpose_A=True)
             else:
                 T.barrier_wait(smem.Vd_ready[Vd_ring.slot(c)], Vd_ring.ready_parity(c))
                 T.gemm(smem.k_s[slot, :, :], smem.Vd_s[Vd_ring.slot(c), :, :], S_f, transpose_A=True)
@@ -379,35 +346,27 @@ def chunk_fwd_ws_kernel(
     @T.macro
     def value_group(smem, cta, KS_f, Vn_f):
         """Per chunk, the delta rule's K S -> R = beta (V - exp(gc) K S) (in place of V) -> Vnew = A R, then Vd_s
-        = exp(gc_last - gc) Vnew and Vnew_s; under the plain update Vd_s = exp(gc_last - gc) V alone; under
-        state_chain U = Ab V to U_s (in Vn_f), off the chain."""
+        = exp(gc_last - gc) Vnew and Vnew_s; under the plain update Vd_s = exp(gc_last - gc) V alone."""
         for c in T.serial(cta.n_chunks):
             slot = inputs.slot(c)
             T.barrier_wait(smem.loaded[slot], inputs.ready_parity(c))
-            if cfg.state_chain:
+            if delta:
+                s = S_ring.slot(c)
+                T.barrier_wait(smem.S_ready[s], S_ring.ready_parity(c))
+                T.gemm(smem.kg_s[slot, :, :] if channel else smem.k_s[slot, :, :], smem.S_s[s, :, :], KS_f,
+                       clear_accum=True)
+                T.barrier_arrive(smem.S_read[s])
+                for i, j in T.Parallel(C, block_DV):
+                    if scalar:
+                        KS_f[i, j] = smem.beta_s[slot, i] * (smem.v_s[slot, i, j] - smem.eg_s[slot, i] * KS_f[i, j])
+                    else:
+                        KS_f[i, j] = smem.beta_s[slot, i] * (smem.v_s[slot, i, j] - KS_f[i, j])
+                T.copy(KS_f, smem.v_s[slot, :, :])
+                T.fence_proxy_async()
                 T.gemm(smem.A_s[slot, :, :], smem.v_s[slot, :, :], Vn_f, clear_accum=True)
-                u = U_ring.slot(c)
-                T.barrier_wait(smem.U_read[u], U_ring.free_parity(c))
-                T.copy(Vn_f, smem.U_s[u, :, :])
-                T.barrier_arrive(smem.U_ready[u])
-            else:
-                if delta:
-                    s = S_ring.slot(c)
-                    T.barrier_wait(smem.S_ready[s], S_ring.ready_parity(c))
-                    T.gemm(smem.k_s[slot, :, :], smem.S_s[s, :, :], KS_f, clear_accum=True)
-                    T.barrier_arrive(smem.S_read[s])
-                    for i, j in T.Parallel(C, block_DV):
-                        if scalar:
-                            KS_f[i, j] = smem.beta_s[slot, i] * (smem.v_s[slot, i, j]
-                                                                 - smem.eg_s[slot, i] * KS_f[i, j])
-                        else:
-                            KS_f[i, j] = smem.beta_s[slot, i] * (smem.v_s[slot, i, j] - KS_f[i, j])
-                    T.copy(KS_f, smem.v_s[slot, :, :])
-                    T.fence_proxy_async()
-                    T.gemm(smem.A_s[slot, :, :], smem.v_s[slot, :, :], Vn_f, clear_accum=True)
-                write_vd(smem, c, slot, Vn_f)  # first: Vd is on the recurrence's critical path, Vnew_s is not
-                if Vn_ring is not None:
-                    publish(smem, Vn_ring, c, Vn_f, smem.Vn_s)
+            write_vd(smem, c, slot, Vn_f)  # first: Vd is on the recurrence's critical path, Vnew_s is not
+            if Vn_ring is not None:
+                publish(smem, Vn_ring, c, Vn_f, smem.Vn_s)
             T.barrier_arrive(smem.consumed[slot])
 
     @T.macro
@@ -463,8 +422,8 @@ def chunk_fwd_ws_kernel(
                              cta.t_end)
 
     @T.macro
-    def tma_warp(smem, cta, q, k, v, A, W, P):
-        """The TMA loads of every chunk's q (for the output), k, v, A (delta rule), W (per-channel delta rule) and
+    def tma_warp(smem, cta, q, k, v, A, kg, P):
+        """The TMA loads of every chunk's q (for the output), k, v, A (delta rule), Kg (per-channel delta rule) and
         P (per-channel gate, with output) into its input slot; a last chunk's tail buffers on "landed", where the
         gate warp zeroes their rows past the sequence end before it marks the slot loaded."""
         for c in T.serial(cta.n_chunks):
@@ -482,7 +441,7 @@ def chunk_fwd_ws_kernel(
             if delta:
                 T.tma_copy(A[cta.bb, t0 : t0 + C, cta.bh, :], smem.A_s[slot, :, :], barrier=smem.loaded[bar])
             if channel and delta:
-                T.tma_copy(W[cta.bb, t0 : t0 + C, cta.bh, :], smem.W_s[slot, :, :], barrier=smem.loaded[bar])
+                T.tma_copy(kg[cta.bb, t0 : t0 + C, cta.bh, :], smem.kg_s[slot, :, :], barrier=smem.loaded[bar])
             if t0 + C > cta.t_end:
                 T.barrier_arrive(smem.loaded[bar])
             T.barrier_arrive(smem.loaded[slot])
@@ -491,13 +450,12 @@ def chunk_fwd_ws_kernel(
     def fetch_gate_rows(u, c, regs, lane, cta, g, beta):
         """The gate warp's loads of chunk c (clamped to the last chunk: the loads past it are harmless repeats)
         into register set u: gc and beta of rows lane and lane + 32 (clamped to the sequence's last row), gc_last,
-        or the chunk's D under the per-channel gate (its beta is in Ab). They stay in flight until the chunk's slot
-        is written."""
+        or the chunk's D under the per-channel gate. They stay in flight until the chunk's slot is written."""
         t0 = cta.t_start + T.min(c, cta.n_chunks - 1) * C
         for r in T.unroll(C // 32):
             if scalar:
                 regs.g_r[u, r] = g[cta.bb, T.min(t0 + lane + 32 * r, cta.t_end - 1), cta.bh]
-            if delta and not channel:
+            if delta:
                 regs.beta_r[u, r] = T.cast(beta[cta.bb, T.min(t0 + lane + 32 * r, cta.t_end - 1), cta.bh], accum)
         if scalar:
             regs.g_last[u] = g[cta.bb, T.min(t0 + C - 1, cta.t_end - 1), cta.bh]
@@ -521,7 +479,7 @@ def chunk_fwd_ws_kernel(
         if channel and delta:
             for i, j in T.Parallel(C, K):
                 if i >= rows:
-                    smem.W_s[slot, i, j] = 0
+                    smem.kg_s[slot, i, j] = 0
 
     @T.macro
     def gate_warp(smem, cta, lane, g, beta):
@@ -550,9 +508,9 @@ def chunk_fwd_ws_kernel(
                             smem.g_s[slot, i] = g_r[u, r]
                             smem.eg_s[slot, i] = exp_e(g_r[u, r])
                             smem.ed_s[slot, i] = T.if_then_else(t0 + i < cta.t_end, exp_e(g_last[u] - g_r[u, r]), 0)
-                        elif not cfg.kv_from_inputs and not cfg.state_chain:
+                        elif not cfg.kv_from_inputs:
                             smem.ed_s[slot, i] = T.if_then_else(t0 + i < cta.t_end, 1, 0)
-                        if delta and not channel:
+                        if delta:
                             smem.beta_s[slot, i] = T.if_then_else(t0 + i < cta.t_end, beta_r[u, r], 0)
                     if channel:
                         for e in T.unroll(K // 32):
@@ -624,12 +582,12 @@ def chunk_fwd_ws_kernel(
             tx = T.get_thread_binding()
             if tx < GROUP:
                 T.set_max_nreg(STATE_REGS, 1)
-                state_group(smem, cta, S_f, KS_f, h0, ht)
+                state_group(smem, cta, S_f, h0, ht)
             elif tx < 2 * GROUP:  # value
                 if cfg.two_output_groups:
                     T.set_max_nreg(VALUE_REGS, 1)
                     output_group(0, P2_f, O2_f, smem, cta, o)
-                elif cfg.value_writes_vd or cfg.state_chain:
+                elif cfg.value_writes_vd:
                     T.set_max_nreg(VALUE_REGS, 1)
                     value_group(smem, cta, KS_f, Vn_f)
                 else:  # the plain update's state pass alone, K^T V from the input slots: idle
@@ -653,7 +611,7 @@ def chunk_fwd_ws_kernel(
 
 
 def input_stages(K, block_DV, gate, delta, store_output):
-    """Input slots (q, k, W, v, A, P, gc, beta, exp(gc_last) per chunk): as many as shared memory holds beside the
+    """Input slots (q, k, Kg, v, A, P, gc, beta, exp(gc_last) per chunk): as many as shared memory holds beside the
     fixed buffers (S_s, Vd_s, Vnew_s, P_s), 2 to 4 (3 with the delta rule). Three let the loads of chunk c + 2
     overlap chunk c + 1 even when the output group lags a chunk behind; four keep more bytes in flight per SM."""
     return WsConfig.derive(K, block_DV, gate, delta, block_DV, store_output).stages

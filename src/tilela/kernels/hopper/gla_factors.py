@@ -1,20 +1,20 @@
 """gla_factors on Hopper: the state-independent factors of a chunk under a per-key-channel gate (ladder level 3,
 GLA; and level 5, KDA), for every chunk at once. Mirrors reference.chunk_math.gated_factors (and, from the raw gate,
-reference.cumsum.chunk_local_cumsum first; with the delta rule reference.chunk_math.wy_form's W, and its A diag(beta)
-from reference.kkt.kkt_solve's A):
+reference.cumsum.chunk_local_cumsum first; Kg as reference.chunk_math.wy_form's K ⊙ exp(gc); A as
+reference.kkt.kkt_solve):
 
     Qg = Q ⊙ exp(gc)                               the output's state term:   O = scale Qg S + P V
     Kd = K ⊙ exp(gc_last - gc)                     the state update:          S <- D ⊙ S + Kd^T V
     P  = scale tril_incl(Gamma ⊙ Q K^T),           Gamma_ijd = exp(gc_id - gc_jd)
     D  = exp(gc_last)                              per chunk and key channel ([tile slots, HV, K], fp32)
 with the delta rule (KDA), from the same key operand of the scores:
+    Kg = K ⊙ exp(gc)                               R = diag(beta) (V - Kg S)
     A  = (I + strictLower(diag(beta) (Gamma ⊙ K K^T)))^-1      kkt_solve.py's UT transform at chunk 64
-    Ab = A diag(beta),   W = Ab (K ⊙ exp(gc))      the WY form:               Vnew = Ab V - W S
 
 (gc: the chunk-local cumsum of the log gate, [.., K] per token and value head; log gates <= 0, so gc falls along
 the chunk and gc_last is its least value in every channel). With them the state/output pass (chunk_fwd_ws.py,
-gate "channel") runs a chain of two products, W S and Kd^T Vnew: no score product, no [64, K] exponent tile and no
-A R on the serial path, only the per-row decay D of S.
+gate "channel") runs the scalar gate's chain: no score product and no [64, K] exponent tile on the serial path,
+only the per-row decay D of S.
 
 One CTA of 128 threads per (64-row tile, value head): tiles come from common.locate_tile (varlen without host
 synchronisation), chunks are tiles, D is indexed by tile slot. gc lives in registers (common.gate_column): thread tx
@@ -34,12 +34,10 @@ The scores exp(gc_i - gc_j) (q_i . k_j) and (k_i . k_j), two ways, chosen per ti
     16x16 block has a positive exponent, over at most 15 tokens: exact while no key channel decays by more than
     e^-80 within 16 tokens.
 Causal entries only (select, not multiply: the products above the diagonal may be huge). The score operands are bf16
-for bf16 inputs, fp32 (tf32) for fp16 ones (common.channel_score_dtype). Qg and Kd have non-positive exponents and
-leave in the input dtype, as do P, Ab and W; Ab, W and P of a one-product tile leave through shared memory as whole
-rows. Rows past the sequence end are not stored: the next sequence's tile owns them. A's scores go straight from the
-key rows' product into kkt_solve.py's inverse (tile_inverse, blocked, one value head); W's product reads K ⊙ exp(gc)
-from the key rows' operand, which the one-product scores take as it is and the per-block path forms again after its
-last block, rows past the sequence end zero (Ab's columns there are zero, but 0 x NaN is NaN).
+for bf16 inputs, fp32 (tf32) for fp16 ones (common.channel_score_dtype). Qg, Kd, Kg have non-positive exponents and
+leave in the input dtype, as do P and A; A, and P of a one-product tile, leave through shared memory as whole rows.
+Rows past the sequence end are not stored: the next sequence's tile owns them. A's scores go straight from the key
+rows' product into kkt_solve.py's inverse (tile_inverse, blocked, one value head).
 """
 
 import functools
@@ -58,7 +56,7 @@ ROW_BLOCKS = tuple(range(NB))  # a Python tuple: the loop over it unrolls when t
 
 
 def gla_factors_kernel(K: int, dtype: str, gate_in: tuple | None, delta: bool = False) -> T.PrimFunc:
-    """Build the prim_func for static (K, input dtype, gate_in, whether the delta rule's W and Ab are written too;
+    """Build the prim_func for static (K, input dtype, gate_in, whether the delta rule's Kg and A are written too;
     else they are one-element placeholders, as beta is). gate_in: None when g is the float32 chunk-local cumsum,
     else (g dtype, gate form) of the raw gate summed here (common.gate_column, with params and gate_scale;
     placeholders otherwise). Tokens, heads (GVA ratio G = HV / H) and the varlen layout are symbolic, scale a
@@ -73,8 +71,7 @@ def gla_factors_kernel(K: int, dtype: str, gate_in: tuple | None, delta: bool = 
     accum = "float32"
     g_dtype, form = (accum, None) if gate_in is None else gate_in
     invert = tile_inverse(C, 1, "blocked") if delta else None
-    # P (one-product tiles) and the inverse leave through the key operand's shared memory (dead by then), viewed as
-    # [C, n, C] in the input dtype
+    # P and A leave through the key operand's shared memory (dead by then), viewed as [C, n, C] in the input dtype
     staging = (C, K * (4 if score_dtype == accum else 2) // (2 * C), C)
     # three CTAs per SM while the bf16 operands fit (caps registers at 168)
     min_blocks = 2 if score_dtype == accum else 3
@@ -95,12 +92,11 @@ def gla_factors_kernel(K: int, dtype: str, gate_in: tuple | None, delta: bool = 
                     M10[0, i - 2 * BLOCK, j] = -L
 
     @T.macro
-    def store_rows(src, dst, start, rows, hv):
-        """dst's rows of the tile before the sequence end from the shared tile src ([C, columns of dst], or the
-        staging out_s, whose rows are out_s[:, 0, :]): whole rows."""
-        for i, j in T.Parallel(C, dst.shape[3]):
+    def store_rows(out_s, dst, start, rows, hv):
+        """dst's rows of the tile before the sequence end from the staging out_s[:, 0, :]: whole rows."""
+        for i, j in T.Parallel(C, C):
             if i < rows:
-                dst[0, start + i, hv, j] = T.cast(src[i, 0, j] if len(src.shape) == 3 else src[i, j], dtype)
+                dst[0, start + i, hv, j] = out_s[i, 0, j]
 
     @T.macro
     def land_rows(Q_s, Kr_s, row0, d0, qv, kv):
@@ -119,13 +115,13 @@ def gla_factors_kernel(K: int, dtype: str, gate_in: tuple | None, delta: bool = 
             dst[0, start + row, hv, d0 + v] = x[v]
 
     @T.macro
-    def form_rows(one_product, Q_s, Kr_s, Kq_s, gl, last, R, qv, kv, xq, xr, xk, xg, xd, r0, d0, start, rows, hv,
-                  Qg, Kd):
-        """The thread's rows r0 + [0, run) and channels d0 + [0, VEC), SUB rows at a time: Qg, Kd to global memory
-        (rows before the sequence end), and in place of the landed q and k the scores' operands: one_product (a
-        Python bool) the query operand Qg, the key operand K ⊙ exp(-gc) and the key rows' operand K ⊙ exp(gc) (rows
-        past the sequence end 0: W's product reads it); else the query and key rows' operands against the row
-        block's reference R (the key operand is formed per row block by the caller)."""
+    def form_rows(one_product, Q_s, Kr_s, Kq_s, gl, last, R, qv, kv, xq, xr, xk, xg, xd, xh, r0, d0, start, rows, hv,
+                  Qg, Kd, Kg):
+        """The thread's rows r0 + [0, run) and channels d0 + [0, VEC), SUB rows at a time: Qg, Kd, Kg (delta rule)
+        to global memory (rows before the sequence end), and in place of the landed q and k the scores' operands:
+        one_product (a Python bool) the query operand Qg, the key operand K ⊙ exp(-gc) and the key rows' operand Kg;
+        else the query and key rows' operands against the row block's reference R (the key operand is formed per
+        row block by the caller)."""
         for sb in T.unroll(run // SUB):
             land_rows(Q_s, Kr_s, r0 + sb * SUB, d0, qv, kv)
             for i in T.unroll(SUB):
@@ -134,6 +130,7 @@ def gla_factors_kernel(K: int, dtype: str, gate_in: tuple | None, delta: bool = 
                     e = gl[sb * SUB + i, v]
                     xg[v] = qv[i, v] * T.exp2(e)
                     xd[v] = kv[i, v] * T.exp2(last[v] - e)
+                    xh[v] = kv[i, v] * T.exp2(e)
                     if one_product:
                         xq[v] = qv[i, v] * T.exp2(e)
                         xr[v] = kv[i, v] * T.exp2(-e)
@@ -148,10 +145,12 @@ def gla_factors_kernel(K: int, dtype: str, gate_in: tuple | None, delta: bool = 
                         Kr_s[row, d0 + v] = xr[v]
                 if delta:
                     for v in T.vectorized(VEC):
-                        Kq_s[row, d0 + v] = T.if_then_else(row < rows, xk[v], 0)
+                        Kq_s[row, d0 + v] = xk[v]
                 if row < rows:
                     store_row(xg, Qg, row, d0, start, hv)
                     store_row(xd, Kd, row, d0, start, hv)
+                    if delta:
+                        store_row(xh, Kg, row, d0, start, hv)
 
     @T.prim_func
     def gla_factors(
@@ -163,9 +162,9 @@ def gla_factors_kernel(K: int, dtype: str, gate_in: tuple | None, delta: bool = 
         cu_seqlens: T.Tensor((num_bounds,), "int32"),
         Qg: T.Tensor((1, num_tokens, HV, K), dtype),
         Kd: T.Tensor((1, num_tokens, HV, K), dtype),
-        W: T.Tensor((1, num_tokens, HV, K) if delta else (1,), dtype),
+        Kg: T.Tensor((1, num_tokens, HV, K) if delta else (1,), dtype),
         P: T.Tensor((1, num_tokens, HV, C), dtype),
-        Ab: T.Tensor((1, num_tokens, HV, C) if delta else (1,), dtype),
+        A: T.Tensor((1, num_tokens, HV, C) if delta else (1,), dtype),
         D: T.Tensor((NSL, HV, K), accum),
         scale: T.float32,
         gate_scale: T.float32,
@@ -200,16 +199,15 @@ def gla_factors_kernel(K: int, dtype: str, gate_in: tuple | None, delta: bool = 
                 xq = T.alloc_local((VEC,), score_dtype)  # a row's query operand, key operand, key rows' operand
                 xr = T.alloc_local((VEC,), score_dtype)
                 xk = T.alloc_local((VEC,), score_dtype)
-                xg = T.alloc_local((VEC,), dtype)  # a row's Qg, Kd
+                xg = T.alloc_local((VEC,), dtype)  # a row's Qg, Kd, Kg
                 xd = T.alloc_local((VEC,), dtype)
+                xh = T.alloc_local((VEC,), dtype)
                 P_f = T.alloc_fragment((C, C), accum)
                 Kq_s = None
                 if delta:
-                    Kq_s = T.alloc_shared((C, K), score_dtype)  # the key rows' operand of K K^T's scores, then of W
+                    Kq_s = T.alloc_shared((C, K), score_dtype)  # the key rows' operand of K K^T's scores
                     beta_s = T.alloc_shared((C,), accum)
-                    Ab_s = T.alloc_shared((C, C), score_dtype)  # A diag(beta)
                     KK = T.alloc_fragment((C, C), accum)
-                    W_f = T.alloc_fragment((C, K), accum)
                     inv = inverse_buffers(C, 1, "blocked")
                     T.annotate_layout(inv.layouts)
 
@@ -235,8 +233,8 @@ def gla_factors_kernel(K: int, dtype: str, gate_in: tuple | None, delta: bool = 
                 # every warp's lanes cover all key channels: its least gc_last is the tile's
                 least = T.warp_reduce_min(functools.reduce(T.min, [last[v] for v in range(VEC)]))
                 if least >= -DECAY_LIMIT * LOG2E:  # one product each: the tile's factors stay below e^80
-                    form_rows(True, Q_s, Kr_s, Kq_s, gl, last, R, qv, kv, xq, xr, xk, xg, xd, r0, d0, start, rows,
-                              hv, Qg, Kd)
+                    form_rows(True, Q_s, Kr_s, Kq_s, gl, last, R, qv, kv, xq, xr, xk, xg, xd, xh, r0, d0, start, rows,
+                              hv, Qg, Kd, Kg)
                     T.gemm(Q_s, Kr_s, P_f, transpose_B=True, clear_accum=True)
                     if delta:
                         T.gemm(Kq_s, Kr_s, KK, transpose_B=True, clear_accum=True)
@@ -245,8 +243,8 @@ def gla_factors_kernel(K: int, dtype: str, gate_in: tuple | None, delta: bool = 
                         out_s[i, 0, j] = T.if_then_else(j <= i, P_f[i, j] * scale, 0)
                     store_rows(out_s, P, start, rows, hv)
                 else:  # row block a against its reference R_a = gc at its first row
-                    form_rows(False, Q_s, Kr_s, Kq_s, gl, last, R, qv, kv, xq, xr, xk, xg, xd, r0, d0, start, rows,
-                              hv, Qg, Kd)
+                    form_rows(False, Q_s, Kr_s, Kq_s, gl, last, R, qv, kv, xq, xr, xk, xg, xd, xh, r0, d0, start, rows,
+                              hv, Qg, Kd, Kg)
                     for a in ROW_BLOCKS[::-1]:
                         if r0 < (a + 1) * BLOCK:  # k again (Kr_s holds the block after's operand); later rows stale
                             for i in T.unroll(run):
@@ -263,18 +261,10 @@ def gla_factors_kernel(K: int, dtype: str, gate_in: tuple | None, delta: bool = 
                         if delta:
                             T.gemm(Kq_s, Kr_s, KK, transpose_B=True, clear_accum=True)
                             unit_lower_rows(KK, a * BLOCK, (a + 1) * BLOCK, rows, beta_s, inv.Xd, inv.Lo, inv.M10)
-                    if delta:  # the key rows' operand k_i exp(gc_i - R_a) times exp(R_a): K ⊙ exp(gc), for W
-                        for i, j in T.Parallel(C, K):
-                            Kq_s[i, j] = T.if_then_else(i < rows, Kq_s[i, j] * T.exp2(ref_s[i // BLOCK, j]), 0)
 
                 if delta:
                     invert(inv.Xd, inv.Lo, inv.M10, inv.X00, inv.X11, inv.F32, inv.T16, inv.row, inv.Q_a, inv.Q_b,
                            inv.X_a, inv.F, out_s, tx)
-                    for i, j in T.Parallel(C, C):
-                        Ab_s[i, j] = out_s[i, 0, j] * beta_s[j]
-                    store_rows(Ab_s, Ab, start, rows, hv)
-                    T.gemm(Ab_s, Kq_s, W_f, clear_accum=True)
-                    T.copy(W_f, Q_s)  # whole rows through the query operand's memory, dead now
-                    store_rows(Q_s, W, start, rows, hv)
+                    store_rows(out_s, A, start, rows, hv)
 
     return gla_factors

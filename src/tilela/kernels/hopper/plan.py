@@ -84,7 +84,7 @@ def update_rule(gate: str, delta: bool) -> str:
 
 def dv_blocks(K: int, gate: str = "none", delta: bool = False) -> tuple[int, ...]:
     """The DV blocks the warp-specialised pass is built for, largest first: K, K / 2, K / 4 and K / 8, down to 16;
-    not K under the per-channel delta rule (its W and P input slots leave no room for two slots at K)."""
+    not K under the per-channel delta rule (its Kg and P input slots leave no room for two slots at K)."""
     top = K // 2 if gate == "channel" and delta else K
     return tuple(block for block in (K, K // 2, K // 4, K // 8) if 16 <= block <= top)
 
@@ -241,9 +241,9 @@ class Plan:
                  stages sum it); the form is "log" or FLA's in-kernel gate ("softplus", "sigmoid": tilela._gates)
     kkt          (chunk, method, dtype, gate, value heads per pass) of kkt_solve (delta rule, unless gla_factors
                  forms A)
-    factors      (K, dtype, gate_in, delta rule: writes W and Ab = A diag(beta)) of gla_factors (per-channel gate
-                 on the warp-specialised pass); gate_in: (g dtype, gate form) where it sums the raw gate in its
-                 tiles, None where it reads gc
+    factors      (K, dtype, gate_in, delta rule: writes Kg and A) of gla_factors (per-channel gate on the
+                 warp-specialised pass); gate_in: (g dtype, gate form) where it sums the raw gate in its tiles, None
+                 where it reads gc
     passes       the state/output launches: (outputs,) unsplit, (transitions, outputs) split
     split        the SegmentPlan of the call's host lengths, or None
     combine      (K, V, gate, reads an initial state) of seq_combine (the plain update's split)
