@@ -50,8 +50,8 @@ L2NORM_DIMS = (64, 128, 256)
 #   plain / vd           "Chunk periods of the plain update" and, under "the plain update straight from V, deeper
 #                        input slots", its "Sweeps"
 #   kda                  "KDA on the warp-specialised pass: measured" (the pass's profiled time per chunk); K / 8
-#                        from "The KDA pass's DV blocks on small grids" (benchmarks/kda_dv_sweep.py; one wave,
-#                        128-1024 chunks)
+#                        from "The KDA pass's DV blocks on small grids" (one wave, 128-1024 chunks; `tilela bench
+#                        --op kda --impls tilela_dv16,tilela_dv32,tilela_dv64 --profile` measures them)
 _GDN_US = {(4, True): 1.86, (2, True): 2.3, (1, True): 4.1, (2, False): 2.2, (1, False): 4.2}
 CHUNK_US = {
     **{("gdn", *key): us for key, us in _GDN_US.items()},
