@@ -11,7 +11,7 @@ GVA-1 variant), an initial state, the final state stored. Families:
   kkt     kkt_solve at every chunk size, inverse, dtype, gate kind and value-head pairing (public op; the
           per-channel gate through the launcher);
   factors gla_factors at every shipped configuration (through the launcher: K, dtype, gc or the raw gate of each
-          form and dtype, with and without the delta rule's Kg and A);
+          form and dtype, with and without the delta rule's Kg and A diag(beta));
   ws      the warp-specialised state/output pass at every DV block of every configuration it covers (levels 1-4 and
           GDN at K = 64 and 128; gla through gla_factors, summing the raw gate itself and from a given cumsum);
   loop    the single-warp-group pass for every level and KDA at K = 64 and 128, and the levels without a per-channel
@@ -67,7 +67,7 @@ def entry_points():
                                     initial_state=h0 is not None, output_final_state=output_final_state, varlen=True,
                                     g_input="cumsum" if g_is_cumsum else "raw", kernel=kernel, block_DV=block_DV,
                                     split=segments)
-        return hopper.forward(the_plan, q, k, v, g, beta, h0, cu, A=A)
+        return hopper.forward(the_plan, q, k, v, g, beta, h0, cu, A=A if the_plan.kkt else None)
 
     def cumsum_in_kernel_gate(key, raw, params, lower_bound, cu):
         return launch.launch_cumsum(key, raw, launch.Schedule.of(raw, cu), lower_bound, params)
@@ -78,7 +78,8 @@ def entry_points():
         return launch.launch_kkt(key, k, beta, gc, launch.Schedule.of(k, cu))
 
     def factors(key, q, k, g, beta, scale, cu, params=None, lower=None):
-        """(Qg, A or None) of gla_factors' configuration key on g (gc, or the raw gate of key's gate_in)."""
+        """(Qg, Ab = A diag(beta) or None) of gla_factors' configuration key on g (gc, or the raw gate of key's
+        gate_in)."""
         Qg, _, _, _, A, _ = launch.launch_factors(key, q, k, g, beta, scale, launch.Schedule.of(q, cu), params, lower)
         return Qg, A
 
@@ -202,7 +203,7 @@ def jobs(ep, dtypes: list[str]) -> list[tuple[str, str, object]]:
             G = x["v"].shape[2] // H
             errors = (rel_l2(Qg, x["q"].double().repeat_interleave(G, dim=2) * gc.exp()),)
             if delta:
-                errors += (rel_l2(A, reference.kkt_solve(x["k"], x["beta"], gc, 64, x["cu"])),)
+                errors += (rel_l2(A, reference.kkt_solve(x["k"], x["beta"], gc, 64, x["cu"], beta_columns=True)),)
             return errors
         out.append(("factors", f"factors K{K} {dtype_name} gate_in {gate_in} delta {delta}", factors))
     for name in dtypes:

@@ -57,7 +57,7 @@ CASES = [
     ("ws_full", "channel", False, 64, "float16", None, FLAGS[3]),
     ("ws_half", "channel", False, 64, "bfloat16", None, FLAGS[0]),
     ("ws_quarter", "channel", False, 64, "float16", None, FLAGS[1]),
-    # KDA: the factors in the q and k slots, Kg and P in their own, A from kkt_solve; DV blocks below K
+    # KDA: the factors in the q and k slots, Kg and P in their own, Ab = A diag(beta) in A's; DV blocks below K
     ("ws_half", "channel", True, 128, "bfloat16", "float32", FLAGS[0]),
     ("ws_quarter", "channel", True, 128, "float16", "float32", FLAGS[1]),
     ("ws_half", "channel", True, 64, "float16", "float32", FLAGS[2]),

@@ -129,8 +129,8 @@ def _passes(K):
                          else f"{'+'.join(map(str, x[0]))}x{x[1]}_K{x[4]}")
 def test_kda_state_passes_against_float64_reference(case, state_pass):
     """The per-channel delta rule through the plan's stages on either state pass: the loop pass reads gc and A;
-    the warp-specialised pass (gla_factors with Kg and A, summing the raw gate in its tile, then the pass with Kg
-    and P in their own input slots) at every DV block it is built for."""
+    the warp-specialised pass (gla_factors with Kg and Ab = A diag(beta), summing the raw gate in its tile, then
+    the pass with Kg and P in their own input slots) at every DV block it is built for."""
     from tilela.kernels import hopper
 
     lengths, B, H, HV, K, dtype = case

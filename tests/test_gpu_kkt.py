@@ -147,9 +147,9 @@ def test_kkt_solve_per_channel_gate(chunk, method, dtype, kind):
 @pytest.mark.parametrize("K", [64, 128])
 def test_gla_factors_A_from_the_raw_gate(g_dtype, form, dtype, K):
     """KDA's plan on the warp-specialised pass: gla_factors forms A from its own scores, summing the raw gate in its
-    tile (the log gate, or the bounded sigmoid form from its input with lower bound -5); varlen with 1-token
-    sequences, GVA 2, both score paths (tiles whose channels decay by more than e^-80, and less); against the
-    float64 stack from the same gate."""
+    tile (the log gate, or the bounded sigmoid form from its input with lower bound -5), and writes Ab = A
+    diag(beta); varlen with 1-token sequences, GVA 2, both score paths (tiles whose channels decay by more than
+    e^-80, and less); against the float64 stack from the same gate, the diagonal (beta itself) apart."""
     gen = torch.Generator().manual_seed(len(form) + (g_dtype == torch.bfloat16) + K)
     B, T, cu = layout("varlen", gen)
     H, HV = 2, 4
@@ -169,12 +169,15 @@ def test_gla_factors_A_from_the_raw_gate(g_dtype, form, dtype, K):
     key = (K, hopper.DTYPE_NAMES[dtype], (hopper.DTYPE_NAMES[g_dtype], form), True)
     k_dev = k.to(DEV)
     sched = launch.Schedule.of(k_dev, cu.to(DEV))
-    *_, A, _ = launch.launch_factors(key, k_dev, k_dev, raw.to(DEV), beta.to(DEV), K**-0.5, sched,
-                                     None if params is None else params.to(DEV), lower)
-    ref = reference.kkt_solve(k, beta, reference.chunk_local_cumsum(g, 64, cu), 64, cu)
-    assert A.dtype == dtype and A.shape == (B, T, HV, 64)
-    assert torch.isfinite(A).all()
-    assert offdiag_err(A, ref, cu) < TOL[dtype]
+    *_, Ab, _ = launch.launch_factors(key, k_dev, k_dev, raw.to(DEV), beta.to(DEV), K**-0.5, sched,
+                                      None if params is None else params.to(DEV), lower)
+    ref = reference.kkt_solve(k, beta, reference.chunk_local_cumsum(g, 64, cu), 64, cu, beta_columns=True)
+    assert Ab.dtype == dtype and Ab.shape == (B, T, HV, 64)
+    assert torch.isfinite(Ab).all()
+    diagonal = chunk_identity(B, T, HV, 64, cu).bool()  # row t's own column: beta_t, rounded to the output dtype
+    got = Ab.double().cpu()
+    assert rel_l2(got[diagonal], ref[diagonal]) < TOL[dtype]
+    assert rel_l2(got.masked_fill(diagonal, 0), ref.masked_fill(diagonal, 0)) < TOL[dtype]
 
 
 def test_kkt_solve_large_matches_reference():

@@ -1,13 +1,13 @@
 """Ladder kernels on a Hopper GPU against the float64 reference stack (layer B, reference.chunked): levels 1
 linear_attn (sequence in the loop, and the §4 sequence-in-grid kernel), 2 simple_gla, 3 gla (the warp-specialised
 pass after gla_factors, and the single-warp-group pass), 4 delta_rule, and the per-channel delta rule (KDA) the same
-builder produces, also end to end on our kernels (kda_pipeline: the plan from the raw gate, gc and A from its
-gla_factors stage, which sums the raw gate in its tile and forms A too); gla_factors alone against
-reference.chunk_math.gated_factors and reference.kkt.kkt_solve.
+builder produces, also end to end on our kernels (kda_pipeline: the plan from the raw gate, which its gla_factors
+stage sums in its tile); gla_factors alone against reference.chunk_math.gated_factors and reference.kkt.kkt_solve.
 
-The state/output kernel gets the chunk-local cumsum gc (a plan with g_input="cumsum") and A = kkt_solve(...) from
-the reference, rounded to the kernel's input types (gc fp32, A in q's dtype), so each test isolates the state/output
-pass.  Varlen layouts hold
+The state/output kernel gets the chunk-local cumsum gc (a plan with g_input="cumsum") and, with the delta rule, A =
+kkt_solve(...) from the reference, rounded to the kernel's input types (gc fp32, A in q's dtype), so each test
+isolates the state/output pass; under the per-channel gate gla_factors forms A diag(beta), so KDA runs both
+kernels.  Varlen layouts hold
 1-token sequences and lengths that are not multiples of 64; states enter and leave; bf16 and fp16, K = 64 and 128.
 Every (level, layout) job runs in its own spawned worker process, so the TileLang compiles (one per static
 configuration) run in parallel; the tests then check the collected errors.
@@ -42,7 +42,7 @@ LEVELS = {  # name: (gate, delta rule)
     "gla": ("channel", False),
     "delta_rule": ("none", True),
     "kda": ("channel", True),
-    "kda_pipeline": ("channel", True),  # A and the factors from the plan's stages, which sum the raw gate
+    "kda_pipeline": ("channel", True),  # the raw gate in, summed by gla_factors
 }
 CASES = {  # a varlen and two dense layouts per level
     "varlen_128_bf16": dict(B=1, T=300, H=2, HV=4, K=128, dtype=torch.bfloat16,
@@ -77,7 +77,7 @@ def run_level(level, B, T, H, HV, K, dtype, cu_seqlens=None, use_h0=True, seed=0
     h0 = h0[:1].expand(N, -1, -1, -1).contiguous() if use_h0 else None
     cu = None if cu_seqlens is None else torch.tensor(cu_seqlens, dtype=torch.int32)
     gc = None if g is None else reference.chunk_local_cumsum(g, 64, cu_seqlens=cu)
-    A = reference.kkt_solve(k, beta, g=gc, chunk_size=64, cu_seqlens=cu) if delta else None
+    A = reference.kkt_solve(k, beta, g=gc, chunk_size=64, cu_seqlens=cu) if delta and gate != "channel" else None
     scale = K**-0.5
     o_ref, ht_ref = reference.chunked(q, k, v, g=g, beta=beta, scale=scale, initial_state=h0, cu_seqlens=cu)
 
@@ -85,8 +85,8 @@ def run_level(level, B, T, H, HV, K, dtype, cu_seqlens=None, use_h0=True, seed=0
         return None if x is None else x.to(dt or x.dtype).cuda()
 
     state = dict(initial_state=dev(h0, torch.float32), output_final_state=True, cu_seqlens=dev(cu))
-    if level == "kda_pipeline":  # the raw gate in: the plan's gla_factors sums it in its tiles and forms A
-        gc, A = g, None
+    if level == "kda_pipeline":  # the raw gate in: the plan's gla_factors sums it in its tiles
+        gc = g
     if level == "linear_attn_seq_in_grid":
         o, ht = linear_attn_seq_in_grid(dev(q), dev(k), dev(v), scale, **state)
     else:
@@ -144,7 +144,7 @@ def test_level_matches_reference(errors, job):
 def test_gla_factors_match_reference(case, gate_in, delta):
     """Qg, Kd, P and D of every chunk (chunks from each sequence start) against the float64 gated factors, from gc
     or from the raw gate summed in the kernel (GLA's log gate; KDA's log and bounded sigmoid forms, the sigmoid's
-    input in bf16), and KDA's Kg = K ⊙ exp(gc) and A (reference.kkt_solve); make_inputs' gates (down to -5 per
+    input in bf16), and KDA's Kg = K ⊙ exp(gc) and Ab = A diag(beta) (reference.kkt_solve); make_inputs' gates (down to -5 per
     token) put tiles on both score paths (one product, and sub-chunks where a channel decays by more than e^-80
     over the tile)."""
     c = CASES[case]
@@ -162,7 +162,7 @@ def test_gla_factors_match_reference(case, gate_in, delta):
     scale = K**-0.5
     q_d = q.cuda()
     sched = launch.Schedule.of(q_d, None if cu is None else torch.tensor(cu, dtype=torch.int32).cuda())
-    Qg, Kd, Kg, P, A, D = launch.launch_factors((K, hopper.DTYPE_NAMES[dtype], gate_in, delta), q_d, k.cuda(),
+    Qg, Kd, Kg, P, Ab, D = launch.launch_factors((K, hopper.DTYPE_NAMES[dtype], gate_in, delta), q_d, k.cuda(),
                                                 (gc.float() if gate_in is None else g_in).cuda(),
                                                 beta.cuda() if delta else None, scale, sched,
                                                 None if params is None else params.cuda(), lower)
@@ -183,8 +183,8 @@ def test_gla_factors_match_reference(case, gate_in, delta):
     for name, x, r in zip(("Qg", "Kd", "P", "D"), (Qg, Kd, P, D[slots]), (*ref, torch.stack(ref_D))):
         err = rel_l2(x.cpu(), r)
         assert err < TOL, f"{name} rel L2 {err:.3e}"
-    assert (Kg is None) is not delta and (A is None) is not delta
+    assert (Kg is None) is not delta and (Ab is None) is not delta
     if delta:  # gc is chunk-local, so K ⊙ exp(gc) needs no chunking
         assert rel_l2(Kg.cpu(), kv * gc.double().exp()) < TOL
-        ref_A = reference.kkt_solve(k, beta, gc, 64, None if cu is None else torch.tensor(cu))
-        assert rel_l2(A.cpu().double(), ref_A) < TOL
+        ref_Ab = reference.kkt_solve(k, beta, gc, 64, None if cu is None else torch.tensor(cu), beta_columns=True)
+        assert rel_l2(Ab.cpu().double(), ref_Ab) < TOL

@@ -84,7 +84,7 @@ def test_gla_plan_sums_the_gate_in_its_factors():
 
 
 def test_kda_plan_takes_the_warp_specialised_pass():
-    """The per-channel delta rule: "auto" runs gla_factors with Kg and A, summing the raw gate in its tiles (no
+    """The per-channel delta rule: "auto" runs gla_factors with Kg and Ab, summing the raw gate in its tiles (no
     cumsum stage, no kkt_solve; the in-kernel gate's form too), then the warp-specialised pass at a DV block below
     K (shared memory); kernel="loop" the cumsum stage, kkt_solve from gc and the single-warp-group pass, which needs
     no factors."""

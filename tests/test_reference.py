@@ -215,6 +215,25 @@ def test_kkt_solve_matches_explicit_inverse(C, gate, inverse):
             torch.testing.assert_close(A[0, bos:eos, h], expected, rtol=0, atol=1e-13)
 
 
+@pytest.mark.parametrize("gate", GATES)
+def test_kkt_solve_beta_columns_scale_each_column_by_its_token(gate):
+    """beta_columns: A diag(beta), column j of a row times beta of its chunk's token j (partial chunks, length-0/1
+    sequences, GVA)."""
+    lengths, C = [40, 1, 0, 16, 70], 16
+    p = make_problem(gate, True, lengths, H=1, G=3, K=8)
+    gc = None if p["g"] is None else chunk_local_cumsum(p["g"], C, p["cu_seqlens"])
+    A = kkt_solve(p["k"], p["beta"], gc, chunk_size=C, cu_seqlens=p["cu_seqlens"])
+    Ab = kkt_solve(p["k"], p["beta"], gc, chunk_size=C, cu_seqlens=p["cu_seqlens"], beta_columns=True)
+    cu = p["cu_seqlens"].tolist()
+    for bos, eos in zip(cu[:-1], cu[1:]):
+        for c0 in range(bos, eos, C):
+            c1 = min(c0 + C, eos)
+            beta = p["beta"][0, c0:c1].transpose(0, 1)  # [HV, L]: column j of every row takes token c0 + j's
+            torch.testing.assert_close(Ab[0, c0:c1, :, : c1 - c0], A[0, c0:c1, :, : c1 - c0] * beta[None],
+                                       rtol=0, atol=1e-15)
+            assert not Ab[0, c0:c1, :, c1 - c0:].any()
+
+
 def realistic_L(C, gated, batch=3, K=32, seed=3):
     """I + strictLower(diag(beta) (Gamma ⊙ K K^T)) with l2-normalised k, beta in (0, 1), optional channel gate."""
     gen = torch.Generator().manual_seed(seed + C)

@@ -12,10 +12,11 @@ scalar gate or none:
     S   <- exp(gc_last) S + K^T Vd,                    Vd = exp(gc_last - gc) ⊙ Vnew
 
 With a per-key-channel gate, from the factors gla_factors.py computes beforehand (reference.chunk_math.gated_factors
-and wy_form's K ⊙ exp(gc); Qg, Kd and D take the q, k and g slots, P and Kg come as their own arguments):
+and wy_form's K ⊙ exp(gc); Qg, Kd and D take the q, k and g slots, Ab = A diag(beta) the A slot, P and Kg come as
+their own arguments):
 
     O    = scale Qg S + P V,       S <- D ⊙ S + Kd^T V,       D = exp(gc_last) per key channel      plain update
-    Vnew = A diag(beta) (V - Kg S),  O = scale Qg S + P Vnew,  S <- D ⊙ S + Kd^T Vnew              delta rule (KDA)
+    Vnew = Ab V - Ab (Kg S),  O = scale Qg S + P Vnew,  S <- D ⊙ S + Kd^T Vnew                     delta rule (KDA)
 
 Levels served: linear_attn ("none", plain), simple_gla ("scalar", plain), gla ("channel", plain), delta_rule ("none",
 delta), GDN ("scalar", delta), KDA ("channel", delta; DV blocks below K: shared memory); K = 256 stays on
@@ -25,10 +26,11 @@ Warp groups, one macro each in chunk_fwd_ws_kernel (as in FlashAttention 3's hop
 producer, state and value the mainloop, output the epilogue):
     state   (threads   0-127)  S in fp32 registers for the whole sequence; per chunk it hands its 16-bit copy to
                                S_s, decays S and adds K^T Vd (K^T V from the input slots where Vd = V)
-    value   (threads 128-255)  delta rule: K S (Kg S under the per-channel gate) -> R = beta (V - exp(gc) K S) (in
-                               place of V) -> Vnew = A R -> Vd_s,
-                               then Vnew_s; plain update without output: Vd_s; plain update with output: the
-                               output of the even chunks; plain update without output or Vd_s: idle
+    value   (threads 128-255)  delta rule: K S -> R = beta (V - exp(gc) K S) (in place of V) -> Vnew = A R -> Vd_s,
+                               then Vnew_s; under the per-channel gate U = Ab V before S is ready, then Kg S ->
+                               -Kg S (in place of V) -> Vnew = U + Ab (-Kg S) -> Vnew_s, which is Vd too; plain
+                               update without output: Vd_s; plain update with output: the output of the even
+                               chunks; plain update without output or Vd_s: idle
     output  (threads 256-383)  P = Q K^T (before S is ready; loaded with a per-channel gate), Q S, O = ... + P Vnew,
                                stores O (of the odd chunks where the value group takes the even ones); without
                                output: idle
@@ -46,8 +48,9 @@ chunk c waits parity (c // n + 1) % 2, which a fresh barrier passes: the first n
     landed               TMA warp -> gate warp           a last chunk's tail bufs   per slot (loaded[n + s]), once
     S_ready / S_read     state -> value, output          S_s                        2
     Vd_ready / Vd_read   value or Vd writers -> state    Vd_s                       1 delta rule, 2 plain update
-    Vn_ready / Vn_read   value -> output                 Vnew_s (delta rule)        2 to block_DV = 64, 1 above
-The recurrence's critical path is S_s -> K S -> A R -> K^T Vd -> S_s. P = Q K^T, Q S, P Vnew and the store run
+    Vn_ready / Vn_read   value -> output (and state)     Vnew_s (delta rule)        2 to block_DV = 64, 1 above
+The recurrence's critical path is S_s -> K S -> A R -> K^T Vd -> S_s (S_s -> Kg S -> Ab (-Kg S) -> K^T Vnew -> S_s
+under the per-channel gate). P = Q K^T, Q S, P Vnew and the store run
 beside it in the output group, a chunk behind at most (two S_s slots: the state never waits for Q S of the chunk it
 just left), and the next chunk's loads beside both.
 
@@ -56,7 +59,8 @@ end). The TMA warp loads that chunk's tail buffers (k, v, A, Kg) on the slot's "
 for them, zeroes their rows past the sequence end and only then marks the slot loaded, so no product a valid row
 takes (K S, Kg S, A R, K^T Vd, K^T V, P V, P Vnew) meets another sequence's values (0 x NaN is NaN: a mask by
 multiplication would let a non-finite input cross). The column side needs exact zeros too, and has them: A's entries
-above the diagonal (kkt_solve.py) and P's (the causal select here, gla_factors.py under the per-channel gate). The
+above the diagonal (kkt_solve.py) and P's (the causal select here, gla_factors.py under the per-channel gate); Ab's
+columns past the sequence end are zero too (gla_factors.py). The
 q, Qg and P rows past the end stay: they reach only output rows, which are not stored. beta = 0 and exp(gc_last - gc)
 = 0 there too, and gc is clamped to the last valid row.
 
@@ -167,8 +171,13 @@ class WsConfig:
     vd_writers: bool
     """Two otherwise idle load warps write Vd_s = exp(gc_last - gc) V: two output groups and a Vd_s."""
     value_writes_vd: bool
-    """The value group writes Vd_s (with the delta rule after R and Vnew, then Vnew_s); else it is an output group
-    (two_output_groups) or idles (the state pass alone with K^T V from the input slots)."""
+    """The value group writes Vd_s (with the delta rule after R and Vnew, then Vnew_s; Vnew_s alone under
+    vnew_is_vd); else it is an output group (two_output_groups) or idles (the state pass alone with K^T V from the
+    input slots)."""
+    vnew_is_vd: bool
+    """The per-channel delta rule: Vd = Vnew (the decay is in Kd, and Vnew's rows past the sequence end are zero:
+    so are Ab's and Kg's there), so the state group adds K^T Vnew from Vnew_s, which the output group reads too;
+    no Vd_s, no exp(gc_last - gc) and no beta in the input slots (beta is in Ab)."""
     inputs: Ring
     """loaded / consumed: q, k, Kg, v, A, P, gc, beta, D from the load group to the groups that read them. Slots: as
     many as shared memory holds beside the fixed buffers, 2 to 4 (3 with the delta rule). Writers: the TMA warp
@@ -181,8 +190,8 @@ class WsConfig:
     """Vd_ready / Vd_read: Vd_s to the state group from the value group or the two Vd writers (vd_slots). None:
     K^T V from the input slots."""
     Vn_ring: Ring | None
-    """Vn_ready / Vn_read: Vnew_s from the value group to the output group (delta rule with output); two slots up
-    to block_DV = 64, one above (shared memory). None: no Vnew_s."""
+    """Vn_ready / Vn_read: Vnew_s from the value group to the output group (delta rule with output) and, under
+    vnew_is_vd, the state group; two slots up to block_DV = 64, one above (shared memory). None: no Vnew_s."""
     shared: tuple[Shared, ...]
     """Every shared buffer the builder allocates, in allocation order: the input slots' buffers, then the fixed
     ones (Vnew_s, S_s, Vd_s, P_s)."""
@@ -208,11 +217,14 @@ class WsConfig:
         kv_from_inputs = direct_v(gate, delta)
         vd_writers = two_output_groups and not kv_from_inputs
         value_writes_vd = not two_output_groups and not kv_from_inputs
+        vnew_is_vd = channel and delta
         S_readers = 1 if two_output_groups else int(delta) + int(store_output)  # warp groups reading S_s
         Vd_slots, Vn_slots = vd_slots(delta), 2 if block_DV <= 64 else 1
         S_ring = Ring("S_ready", "S_read", 2, GROUP, S_readers * GROUP) if S_readers else None
-        Vd_ring = None if kv_from_inputs else Ring("Vd_ready", "Vd_read", Vd_slots, 64 if vd_writers else GROUP, GROUP)
-        Vn_ring = Ring("Vn_ready", "Vn_read", Vn_slots, GROUP, GROUP) if delta and store_output else None
+        Vd_ring = None if kv_from_inputs or vnew_is_vd else Ring("Vd_ready", "Vd_read", Vd_slots,
+                                                                  64 if vd_writers else GROUP, GROUP)
+        Vn_readers = int(store_output) + int(vnew_is_vd)  # the output group; the state group under vnew_is_vd
+        Vn_ring = Ring("Vn_ready", "Vn_read", Vn_slots, GROUP, Vn_readers * GROUP) if delta and Vn_readers else None
         slot = [buffer for buffer, used in (  # one input slot of each: q, k, Kg, v, gc, exp(gc), ed, A, P, beta, D
             (Shared("q_s", (C, K)), store_output),
             (Shared("k_s", (C, K)), True),
@@ -220,10 +232,11 @@ class WsConfig:
             (Shared("v_s", (C, block_DV)), True),  # V, overwritten by R in the delta rule
             (Shared("g_s", (C,), fp32=True), scalar),  # gc
             (Shared("eg_s", (C,), fp32=True), scalar),  # exp(gc)
-            (Shared("ed_s", (C,), fp32=True), not kv_from_inputs),  # exp(gc_last - gc), 0 past the sequence end
-            (Shared("A_s", (C, C)), delta),  # kkt_solve's A
+            (Shared("ed_s", (C,), fp32=True), not kv_from_inputs and not vnew_is_vd),  # exp(gc_last - gc), 0 past
+            # the sequence end
+            (Shared("A_s", (C, C)), delta),  # kkt_solve's A; Ab = A diag(beta) under the per-channel gate
             (Shared("Pg_s", (C, C)), channel and store_output),  # the per-channel gate's scores P (gla_factors)
-            (Shared("beta_s", (C,), fp32=True), delta),
+            (Shared("beta_s", (C,), fp32=True), delta and not vnew_is_vd),
             (Shared("d_s", (K,), fp32=True), channel),  # D = exp(gc_last) per key channel
         ) if used]
         fixed = [buffer for buffer, used in (
@@ -241,7 +254,7 @@ class WsConfig:
         return cls(
             K=K, V=V, gate=gate, delta=delta, block_DV=block_DV, store_output=store_output, NV=V // block_DV,
             scalar=scalar, channel=channel, two_output_groups=two_output_groups, kv_from_inputs=kv_from_inputs,
-            vd_writers=vd_writers, value_writes_vd=value_writes_vd,
+            vd_writers=vd_writers, value_writes_vd=value_writes_vd, vnew_is_vd=vnew_is_vd,
             inputs=Ring("loaded", "consumed", stages, 64,
                         GROUP * (1 + int(store_output) + int(value_writes_vd)) + 64 * int(vd_writers)),
             S_ring=S_ring, Vd_ring=Vd_ring, Vn_ring=Vn_ring,
@@ -335,6 +348,10 @@ def chunk_fwd_ws_kernel(
                     S_f[i, j] = S_f[i, j] * smem.d_s[slot, i]
             if cfg.kv_from_inputs:
                 T.gemm(smem.k_s[slot, :, :], smem.v_s[slot, :, :], S_f, transpose_A=True)
+            elif cfg.vnew_is_vd:
+                T.barrier_wait(smem.Vn_ready[Vn_ring.slot(c)], Vn_ring.ready_parity(c))
+                T.gemm(smem.k_s[slot, :, :], smem.Vn_s[Vn_ring.slot(c), :, :], S_f, transpose_A=True)
+                T.barrier_arrive(smem.Vn_read[Vn_ring.slot(c)])
             else:
                 T.barrier_wait(smem.Vd_ready[Vd_ring.slot(c)], Vd_ring.ready_parity(c))
                 T.gemm(smem.k_s[slot, :, :], smem.Vd_s[Vd_ring.slot(c), :, :], S_f, transpose_A=True)
@@ -346,25 +363,33 @@ def chunk_fwd_ws_kernel(
     @T.macro
     def value_group(smem, cta, KS_f, Vn_f):
         """Per chunk, the delta rule's K S -> R = beta (V - exp(gc) K S) (in place of V) -> Vnew = A R, then Vd_s
-        = exp(gc_last - gc) Vnew and Vnew_s; under the plain update Vd_s = exp(gc_last - gc) V alone."""
+        = exp(gc_last - gc) Vnew and Vnew_s; under the plain update Vd_s = exp(gc_last - gc) V alone; under
+        vnew_is_vd U = Ab V before S is ready, then Kg S -> -Kg S (in place of V) -> Vnew = U + Ab (-Kg S) ->
+        Vnew_s."""
         for c in T.serial(cta.n_chunks):
             slot = inputs.slot(c)
             T.barrier_wait(smem.loaded[slot], inputs.ready_parity(c))
             if delta:
                 s = S_ring.slot(c)
+                if cfg.vnew_is_vd:  # U while the state group finishes the chunk before
+                    T.gemm(smem.A_s[slot, :, :], smem.v_s[slot, :, :], Vn_f, clear_accum=True)
                 T.barrier_wait(smem.S_ready[s], S_ring.ready_parity(c))
                 T.gemm(smem.kg_s[slot, :, :] if channel else smem.k_s[slot, :, :], smem.S_s[s, :, :], KS_f,
                        clear_accum=True)
                 T.barrier_arrive(smem.S_read[s])
                 for i, j in T.Parallel(C, block_DV):
-                    if scalar:
+                    if cfg.vnew_is_vd:
+                        smem.v_s[slot, i, j] = -KS_f[i, j]
+                    elif scalar:
                         KS_f[i, j] = smem.beta_s[slot, i] * (smem.v_s[slot, i, j] - smem.eg_s[slot, i] * KS_f[i, j])
                     else:
                         KS_f[i, j] = smem.beta_s[slot, i] * (smem.v_s[slot, i, j] - KS_f[i, j])
-                T.copy(KS_f, smem.v_s[slot, :, :])
+                if not cfg.vnew_is_vd:
+                    T.copy(KS_f, smem.v_s[slot, :, :])
                 T.fence_proxy_async()
-                T.gemm(smem.A_s[slot, :, :], smem.v_s[slot, :, :], Vn_f, clear_accum=True)
-            write_vd(smem, c, slot, Vn_f)  # first: Vd is on the recurrence's critical path, Vnew_s is not
+                T.gemm(smem.A_s[slot, :, :], smem.v_s[slot, :, :], Vn_f, clear_accum=not cfg.vnew_is_vd)
+            if not cfg.vnew_is_vd:
+                write_vd(smem, c, slot, Vn_f)  # first: Vd is on the recurrence's critical path, Vnew_s is not
             if Vn_ring is not None:
                 publish(smem, Vn_ring, c, Vn_f, smem.Vn_s)
             T.barrier_arrive(smem.consumed[slot])
@@ -450,12 +475,13 @@ def chunk_fwd_ws_kernel(
     def fetch_gate_rows(u, c, regs, lane, cta, g, beta):
         """The gate warp's loads of chunk c (clamped to the last chunk: the loads past it are harmless repeats)
         into register set u: gc and beta of rows lane and lane + 32 (clamped to the sequence's last row), gc_last,
-        or the chunk's D under the per-channel gate. They stay in flight until the chunk's slot is written."""
+        or the chunk's D under the per-channel gate (its beta is in Ab). They stay in flight until the chunk's slot
+        is written."""
         t0 = cta.t_start + T.min(c, cta.n_chunks - 1) * C
         for r in T.unroll(C // 32):
             if scalar:
                 regs.g_r[u, r] = g[cta.bb, T.min(t0 + lane + 32 * r, cta.t_end - 1), cta.bh]
-            if delta:
+            if delta and not cfg.vnew_is_vd:
                 regs.beta_r[u, r] = T.cast(beta[cta.bb, T.min(t0 + lane + 32 * r, cta.t_end - 1), cta.bh], accum)
         if scalar:
             regs.g_last[u] = g[cta.bb, T.min(t0 + C - 1, cta.t_end - 1), cta.bh]
@@ -508,9 +534,9 @@ def chunk_fwd_ws_kernel(
                             smem.g_s[slot, i] = g_r[u, r]
                             smem.eg_s[slot, i] = exp_e(g_r[u, r])
                             smem.ed_s[slot, i] = T.if_then_else(t0 + i < cta.t_end, exp_e(g_last[u] - g_r[u, r]), 0)
-                        elif not cfg.kv_from_inputs:
+                        elif not cfg.kv_from_inputs and not cfg.vnew_is_vd:
                             smem.ed_s[slot, i] = T.if_then_else(t0 + i < cta.t_end, 1, 0)
-                        if delta:
+                        if delta and not cfg.vnew_is_vd:
                             smem.beta_s[slot, i] = T.if_then_else(t0 + i < cta.t_end, beta_r[u, r], 0)
                     if channel:
                         for e in T.unroll(K // 32):

@@ -162,7 +162,8 @@ def state_pass_contract(K, V, gate, delta, dtype, beta_dtype, scores=False):
     scores: the per-channel gate's factors (hopper/gla_factors.py) in place of the inputs: q, k carry Qg, Kd (then
     H = HV), g the decays D = exp(gc_last) [tile slots, HV, K] (tile slot of chunk c of sequence n:
     common.locate_tile's, floor(cu[n] / 64) + n + c, dense n ceil(Tn / 64) + c), P the intra-chunk scores [B, Tn,
-    HV, 64] and, with the delta rule (KDA), kg = K ⊙ exp(gc) [B, Tn, HV, K]."""
+    HV, 64] and, with the delta rule (KDA), kg = K ⊙ exp(gc) [B, Tn, HV, K] and Ab = A diag(beta) in A (beta then
+    unread)."""
     B, Tn, H, HV, N0, N1, NS1, NSL = T.dynamic("B, Tn, H, HV, N0, N1, NS1, NSL")
     accum = "float32"
     g_shape = [NSL, HV, K] if scores else {"none": [1], "scalar": [B, Tn, HV], "channel": [B, Tn, HV, K]}[gate]
@@ -172,7 +173,7 @@ def state_pass_contract(K, V, gate, delta, dtype, beta_dtype, scores=False):
         k=T.Tensor([B, Tn, H, K], dtype),
         v=T.Tensor([B, Tn, HV, V], dtype),
         g=T.Tensor(g_shape, accum),
-        beta=T.Tensor([B, Tn, HV] if delta else [1], beta_dtype),
+        beta=T.Tensor([B, Tn, HV] if delta and not scores else [1], beta_dtype),
         A=T.Tensor([B, Tn, HV, TILE] if delta else [1], dtype),
         h0=T.Tensor([N0, HV, K, V], accum),
         cu_seqlens=T.Tensor([NS1], "int32"),

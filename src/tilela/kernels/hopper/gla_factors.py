@@ -1,15 +1,15 @@
 """gla_factors on Hopper: the state-independent factors of a chunk under a per-key-channel gate (ladder level 3,
 GLA; and level 5, KDA), for every chunk at once. Mirrors reference.chunk_math.gated_factors (and, from the raw gate,
-reference.cumsum.chunk_local_cumsum first; Kg as reference.chunk_math.wy_form's K ⊙ exp(gc); A as
-reference.kkt.kkt_solve):
+reference.cumsum.chunk_local_cumsum first; Kg as reference.chunk_math.wy_form's K ⊙ exp(gc); Ab as
+reference.kkt.kkt_solve with beta_columns):
 
     Qg = Q ⊙ exp(gc)                               the output's state term:   O = scale Qg S + P V
     Kd = K ⊙ exp(gc_last - gc)                     the state update:          S <- D ⊙ S + Kd^T V
     P  = scale tril_incl(Gamma ⊙ Q K^T),           Gamma_ijd = exp(gc_id - gc_jd)
     D  = exp(gc_last)                              per chunk and key channel ([tile slots, HV, K], fp32)
 with the delta rule (KDA), from the same key operand of the scores:
-    Kg = K ⊙ exp(gc)                               R = diag(beta) (V - Kg S)
-    A  = (I + strictLower(diag(beta) (Gamma ⊙ K K^T)))^-1      kkt_solve.py's UT transform at chunk 64
+    Kg = K ⊙ exp(gc)                               Vnew = Ab (V - Kg S)
+    Ab = A diag(beta),  A = (I + strictLower(diag(beta) (Gamma ⊙ K K^T)))^-1      kkt_solve.py's UT transform at 64
 
 (gc: the chunk-local cumsum of the log gate, [.., K] per token and value head; log gates <= 0, so gc falls along
 the chunk and gc_last is its least value in every channel). With them the state/output pass (chunk_fwd_ws.py,
@@ -35,7 +35,8 @@ The scores exp(gc_i - gc_j) (q_i . k_j) and (k_i . k_j), two ways, chosen per ti
     e^-80 within 16 tokens.
 Causal entries only (select, not multiply: the products above the diagonal may be huge). The score operands are bf16
 for bf16 inputs, fp32 (tf32) for fp16 ones (common.channel_score_dtype). Qg, Kd, Kg have non-positive exponents and
-leave in the input dtype, as do P and A; A, and P of a one-product tile, leave through shared memory as whole rows.
+leave in the input dtype, as do P and Ab; Ab, and P of a one-product tile, leave through shared memory as whole
+rows.
 Rows past the sequence end are not stored: the next sequence's tile owns them. A's scores go straight from the key
 rows' product into kkt_solve.py's inverse (tile_inverse, blocked, one value head).
 """
@@ -56,7 +57,7 @@ ROW_BLOCKS = tuple(range(NB))  # a Python tuple: the loop over it unrolls when t
 
 
 def gla_factors_kernel(K: int, dtype: str, gate_in: tuple | None, delta: bool = False) -> T.PrimFunc:
-    """Build the prim_func for static (K, input dtype, gate_in, whether the delta rule's Kg and A are written too;
+    """Build the prim_func for static (K, input dtype, gate_in, whether the delta rule's Kg and Ab are written too;
     else they are one-element placeholders, as beta is). gate_in: None when g is the float32 chunk-local cumsum,
     else (g dtype, gate form) of the raw gate summed here (common.gate_column, with params and gate_scale;
     placeholders otherwise). Tokens, heads (GVA ratio G = HV / H) and the varlen layout are symbolic, scale a
@@ -92,11 +93,15 @@ def gla_factors_kernel(K: int, dtype: str, gate_in: tuple | None, delta: bool = 
                     M10[0, i - 2 * BLOCK, j] = -L
 
     @T.macro
-    def store_rows(out_s, dst, start, rows, hv):
-        """dst's rows of the tile before the sequence end from the staging out_s[:, 0, :]: whole rows."""
+    def store_rows(out_s, dst, start, rows, hv, column_scale=None):
+        """dst's rows of the tile before the sequence end from the staging out_s[:, 0, :] (column j times
+        column_scale[j] where given): whole rows."""
         for i, j in T.Parallel(C, C):
             if i < rows:
-                dst[0, start + i, hv, j] = out_s[i, 0, j]
+                if column_scale is None:
+                    dst[0, start + i, hv, j] = out_s[i, 0, j]
+                else:
+                    dst[0, start + i, hv, j] = out_s[i, 0, j] * column_scale[j]
 
     @T.macro
     def land_rows(Q_s, Kr_s, row0, d0, qv, kv):
@@ -164,7 +169,7 @@ def gla_factors_kernel(K: int, dtype: str, gate_in: tuple | None, delta: bool = 
         Kd: T.Tensor((1, num_tokens, HV, K), dtype),
         Kg: T.Tensor((1, num_tokens, HV, K) if delta else (1,), dtype),
         P: T.Tensor((1, num_tokens, HV, C), dtype),
-        A: T.Tensor((1, num_tokens, HV, C) if delta else (1,), dtype),
+        Ab: T.Tensor((1, num_tokens, HV, C) if delta else (1,), dtype),
         D: T.Tensor((NSL, HV, K), accum),
         scale: T.float32,
         gate_scale: T.float32,
@@ -265,6 +270,6 @@ def gla_factors_kernel(K: int, dtype: str, gate_in: tuple | None, delta: bool = 
                 if delta:
                     invert(inv.Xd, inv.Lo, inv.M10, inv.X00, inv.X11, inv.F32, inv.T16, inv.row, inv.Q_a, inv.Q_b,
                            inv.X_a, inv.F, out_s, tx)
-                    store_rows(out_s, A, start, rows, hv)
+                    store_rows(out_s, Ab, start, rows, hv, beta_s)
 
     return gla_factors

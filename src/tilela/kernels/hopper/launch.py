@@ -6,10 +6,11 @@ The pipeline (`forward`), as named stages over the [B, T, H, D] layout:
     gc = chunk-local cumsum of g                  launch_cumsum      plan.cumsum   (cumsum.py; none where the
                                                                                    per-channel stages sum g)
     A  = kkt_solve(k, beta, gc)                   launch_kkt         plan.kkt      (kkt_solve.py; delta rule)
-    Qg, Kd, Kg, P, A, D = gla_factors(q, k, beta, gc)                 plan.factors  (gla_factors.py; per-channel gate
+    Qg, Kd, Kg, P, Ab, D = gla_factors(q, k, beta, gc)                plan.factors  (gla_factors.py; per-channel gate
                                                   launch_factors                   on the ws pass: they take the q, k,
                                                                                    kg, P and g slots; with the delta
-                                                                                   rule A too, no kkt_solve)
+                                                                                   rule Ab = A diag(beta) the A slot,
+                                                                                   no kkt_solve)
     o, S = state pass(q, k, v, gc, beta, A, S0)   launch_state_pass  plan.passes   (chunk_fwd_ws.py or chunk_fwd.py;
                                                                                    split: seq_split.py's transform,
                                                                                    launch_combine for the plain update)
@@ -143,11 +144,11 @@ def launch_kkt(key: tuple, k: torch.Tensor, beta: torch.Tensor, gc: torch.Tensor
 def launch_factors(key: tuple, q: torch.Tensor, k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor | None,
                    scale: float, sched: Schedule, params: torch.Tensor | None = None,
                    gate_scale: float | None = None):
-    """(Qg, Kd, Kg, P, A, D) of a per-key-channel gate: Q ⊙ exp(gc), K ⊙ exp(gc_last - gc) and (with the delta rule,
+    """(Qg, Kd, Kg, P, Ab, D) of a per-key-channel gate: Q ⊙ exp(gc), K ⊙ exp(gc_last - gc) and (with the delta rule,
     else None) K ⊙ exp(gc) as [B, T, HV, K], the scaled intra-chunk scores as [B, T, HV, 64] and (with the delta rule,
-    else None) kkt_solve's A [B, T, HV, 64] from beta [B, T, HV], in q's dtype; D = exp(gc_last) per tile slot
-    [slots, HV, K] fp32. key (K, dtype, gate_in, delta rule): g [B, T, HV, K] is the raw gate of gate_in (params,
-    gate_scale its in-kernel gate's), or the fp32 chunk-local cumsum."""
+    else None) Ab = A diag(beta) [B, T, HV, 64], A kkt_solve's from beta [B, T, HV], in q's dtype; D = exp(gc_last)
+    per tile slot [slots, HV, K] fp32. key (K, dtype, gate_in, delta rule): g [B, T, HV, K] is the raw gate of
+    gate_in (params, gate_scale its in-kernel gate's), or the fp32 chunk-local cumsum."""
     B, Tn, H, K = q.shape
     HV = g.shape[2]
     delta = key[3]
@@ -155,24 +156,24 @@ def launch_factors(key: tuple, q: torch.Tensor, k: torch.Tensor, g: torch.Tensor
     Kd = torch.empty_like(Qg)
     Kg = torch.empty_like(Qg) if delta else None
     P = torch.empty(B, Tn, HV, TILE, device=q.device, dtype=q.dtype)
-    A = torch.empty_like(P) if delta else None
+    Ab = torch.empty_like(P) if delta else None
     D = torch.empty(max(sched.num_slots, 1), HV, K, device=q.device, dtype=torch.float32)
     if sched.num_slots == 0:
-        return Qg, Kd, Kg, P, A, D
+        return Qg, Kd, Kg, P, Ab, D
     params, gate_scale = gate_args(q.device, params, gate_scale)
     absent = placeholder(q.device, q.dtype)
     compiled(gla_factors_kernel, *key)(flat(q), flat(k), flat(g),
                                        flat(beta).float() if delta else placeholder(q.device, torch.float32),
                                        params, sched.cu, flat(Qg), flat(Kd), flat(Kg) if delta else absent, flat(P),
-                                       flat(A) if delta else absent, D, float(scale), gate_scale, *sched.grid)
-    return Qg, Kd, Kg, P, A, D
+                                       flat(Ab) if delta else absent, D, float(scale), gate_scale, *sched.grid)
+    return Qg, Kd, Kg, P, Ab, D
 
 
 def launch_state_pass(cfg, q, k, v, g, beta, A, h0, cu, N, kg=None, P=None):
     """One state/output launch of PassConfig cfg over N sequences: (o like v, final state [N, HV, K, V] fp32 or
     None). Inputs a configuration does not read (g without a gate; beta and A for the plain update; kg and P but
-    after gla_factors) and h0 without an initial state are placeholders; o is allocated (the launch contract fixes
-    its shape) but, without the output group, not written."""
+    after gla_factors, beta after gla_factors' Ab) and h0 without an initial state are placeholders; o is allocated
+    (the launch contract fixes its shape) but, without the output group, not written."""
     HV = v.shape[2]
     dev = v.device
     o = torch.empty_like(v)
@@ -220,10 +221,13 @@ def forward(plan: Plan, q, k, v, g, beta, initial_state=None, cu_seqlens=None, *
     the state alone). g: the raw log gate ([B, T, HV] or [B, T, HV, K]), its chunk-local cumsum for a plan made
     with g_input="cumsum", or the in-kernel gate's input for a plan with a gate form (gate_params its (a, b) per
     gate column, gate_scale the sigmoid form's lower bound); beta [B, T, HV] for the delta rule; initial_state
-    [N, HV, K, V]. A: the UT transform to use instead of the pipeline's (kkt_solve's, or gla_factors'; the delta
-    rule; tests isolate the state pass with it)."""
+    [N, HV, K, V]. A: the UT transform to use instead of kkt_solve's (the delta rule without gla_factors, which
+    forms Ab itself; tests isolate the state pass with it)."""
     sched = Schedule.of(q, cu_seqlens)
     _check(plan, q, v, g, beta, initial_state, sched)
+    if A is not None and not plan.kkt:
+        raise ValueError(f"A: a plan that runs kkt_solve takes an A of its own; this one has none (delta rule "
+                         f"{plan.delta}, gla_factors {plan.factors is not None}), got A {list(A.shape)}")
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     A = None if A is None else A.contiguous()
     if g is not None:
@@ -234,9 +238,9 @@ def forward(plan: Plan, q, k, v, g, beta, initial_state=None, cu_seqlens=None, *
         A = launch_kkt(plan.kkt, k, beta, g, sched) if A is None and plan.kkt else A
     kg = P = None
     if plan.factors:  # the state-independent factors first, in the q, k, g, kg and P slots (chunk_fwd_ws.py)
-        q, k, kg, P, A_f, g = launch_factors(plan.factors, q, k, g, beta, plan.output.scale, sched, gate_params,
-                                             gate_scale)
-        A = A_f if A is None else A
+        q, k, kg, P, A, g = launch_factors(plan.factors, q, k, g, beta, plan.output.scale, sched, gate_params,
+                                           gate_scale)
+        beta = None  # in Ab
     elif g is not None:
         g = g.float()
     h0 = None if initial_state is None else initial_state.float().contiguous()
