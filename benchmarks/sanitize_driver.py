@@ -86,7 +86,7 @@ def entry_points():
     return SimpleNamespace(
         chunk_forward=chunk_forward,
         dv_blocks=plan.dv_blocks,
-        covers=lambda K, gate, delta, dtype: plan.covers(hopper.DTYPE_NAMES[dtype], K, K, gate, delta, bounded=True),
+        covers=lambda K, gate, delta, dtype: plan.covers(hopper.DTYPE_NAMES[dtype], K, K, gate, delta),
         ws_covers=lambda K, gate, delta, dtype: plan.ws_covers(hopper.DTYPE_NAMES[dtype], K, K, gate, delta),
         segment_plan=plan.SegmentPlan.of,
         kkt_solve=kkt_solve,
@@ -189,10 +189,12 @@ def jobs(ep, dtypes: list[str]) -> list[tuple[str, str, object]]:
             x = make_inputs(K, getattr(torch, dtype_name))
             g, params, lower = x["g_channel"], None, None
             raw = g
-            if gate_in is not None:  # the raw gate summed in the tile: the log gate, or the sigmoid form's input
+            if gate_in is not None:  # the raw gate summed in the tile: the log gate, or an in-kernel form's input
                 form = gate_in[1]
                 raw = (g if form == "log" else g * 8).to(getattr(torch, gate_in[0]))
-                params = torch.stack((torch.full(raw.shape[2:], 4.0), torch.full(raw.shape[2:], -3.0)))
+                # the softplus form about -40 per token: every 16-row block steep (gla_factors' diagonal_scores)
+                a, b = (16.0, 3.0) if form == "softplus" else (4.0, -3.0)
+                params = torch.stack((torch.full(raw.shape[2:], a), torch.full(raw.shape[2:], b)))
                 lower = -5.0 if form == "sigmoid" else None
                 g = apply_gate(raw.double(), form, params.double(), lower)
             gc = reference.chunk_local_cumsum(g, 64, x["cu"])

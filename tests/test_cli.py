@@ -48,7 +48,7 @@ def test_info_names_each_ops_path(capsys):
         assert all("PyTorch path: no CUDA device" in line for line in lines.values())
         assert "(on Hopper: kernels for bf16/fp16, K = V in 64/128/256)" in lines["chunk_gated_delta_rule"]
         assert "(on Hopper: kernels for bf16/fp16, K = V in 64/128)" in lines["chunk_gla"]
-        assert "(on Hopper: kernels for bf16/fp16, K = V in 64/128, safe_gate=True)" in lines["chunk_kda"]
+        assert "(on Hopper: kernels for bf16/fp16, K = V in 64/128)" in lines["chunk_kda"]
 
 
 def test_info_paths_follow_the_library_rule(monkeypatch):
@@ -61,9 +61,9 @@ def test_info_paths_follow_the_library_rule(monkeypatch):
     device = {"name": "NVIDIA H200", "capability": (9, 0), "sms": 132}
     paths = info.op_paths(device, None, torch.device("cpu"))
     assert paths["chunk_gated_delta_rule"] == "Hopper kernels (bf16/fp16, K = V in 64/128/256)"
-    assert paths["chunk_kda"] == "Hopper kernels (bf16/fp16, K = V in 64/128, safe_gate=True)"
+    assert paths["chunk_kda"] == "Hopper kernels (bf16/fp16, K = V in 64/128)"
     assert paths["kkt_solve"] == "Hopper kernel"
-    monkeypatch.setattr(plan, "covers", lambda dtype, K, V, gate, delta, bounded=False: K == 64)
+    monkeypatch.setattr(plan, "covers", lambda dtype, K, V, gate, delta: K == 64)
     assert info.op_paths(device, None, torch.device("cpu"))["chunk_linear_attn"] == (
         "PyTorch path on Hopper for bf16 K=128 V=128: the kernels cover bf16/fp16/fp32/fp64, K in 64, "
         "V in 16/32/64/128/192/256/512")

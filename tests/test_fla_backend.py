@@ -53,9 +53,10 @@ def test_verifier_on_a_gpu_without_hopper_kernels_falls_back():
     assert not accepted and "Hopper" in reason
 
 
-def test_verifier_sends_bounded_kda_to_the_hopper_kernels(monkeypatch):
-    """On a Hopper GPU a KDA call runs ours exactly when its gate is bounded (safe_gate, or the in-kernel gate with
-    -5 <= lower_bound < 0); an unbounded one stays FLA's. The Hopper backend is stood in for on meta tensors."""
+def test_verifier_sends_every_kda_gate_to_the_hopper_kernels(monkeypatch):
+    """On a Hopper GPU a KDA call runs ours for every gate form (the log gate with or without safe_gate, the
+    in-kernel softplus and bounded sigmoid gates); safe_gate with the in-kernel gate outside -5 <= lower_bound < 0
+    stays FLA's, which raises. The Hopper backend is stood in for on meta tensors."""
     from tilela.kernels import hopper
 
     monkeypatch.setattr(ops, "_hopper", lambda *tensors: hopper)
@@ -63,12 +64,15 @@ def test_verifier_sends_bounded_kda_to_the_hopper_kernels(monkeypatch):
     q, k = (torch.empty(B, T, H, D, dtype=torch.bfloat16, device="meta") for _ in range(2))
     v, g = (torch.empty(B, T, HV, D, dtype=torch.bfloat16, device="meta") for _ in range(2))
     beta, A_log = torch.empty(B, T, HV, device="meta"), torch.empty(HV, device="meta")
-    assert fla_backend.verify("chunk_kda", q, k, v, g, beta, safe_gate=True) == (True, None)
     in_kernel = dict(use_gate_in_kernel=True, A_log=A_log)
-    assert fla_backend.verify("chunk_kda", q, k, v, g, beta, lower_bound=-5.0, **in_kernel) == (True, None)
-    for kw in ({}, dict(lower_bound=-6.0, **in_kernel), in_kernel):
+    for kw in ({}, dict(safe_gate=True), in_kernel, dict(lower_bound=-5.0, **in_kernel),
+               dict(lower_bound=-6.0, **in_kernel), dict(safe_gate=True, lower_bound=-5.0, **in_kernel)):
+        assert fla_backend.verify("chunk_kda", q, k, v, g, beta, **kw) == (True, None), kw
+    for kw in (dict(safe_gate=True, lower_bound=-6.0, **in_kernel), dict(safe_gate=True, **in_kernel)):
         accepted, reason = fla_backend.verify("chunk_kda", q, k, v, g, beta, **kw)
-        assert not accepted and "not served" in reason, (kw, reason)
+        assert not accepted and "FLA raises" in reason, (kw, reason)
+    accepted, reason = fla_backend.verify("chunk_kda", *(t.float() for t in (q, k, v, g)), beta)  # not served
+    assert not accepted and "not served" in reason
 
 
 def _counted(op, calls):

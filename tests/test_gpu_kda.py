@@ -1,8 +1,8 @@
-"""chunk_kda on the H200 through the public op against the float64 reference. With safe_gate=True on our kernels end
-to end (the PyTorch path is made to raise): K = V = 64 and 128, bf16 and fp16, GVA 1 and 2, odd varlen with
-length-1 sequences, dense batches, initial and final state, channels that never decay beside channels at KDA's
-lower bound (-5 per token, the kernels' exactness edge), FLA's in-kernel options (the bounded gate, q/k l2norm, beta
-sigmoid). Without it (the unbounded softplus gate, gates far past the bound) on the PyTorch path, exact."""
+"""chunk_kda on the H200 through the public op against the float64 reference, on our kernels end to end (the
+PyTorch path is made to raise): K = V = 64 and 128, bf16 and fp16, GVA 1 and 2, odd varlen with length-1 sequences,
+dense batches, initial and final state, channels that never decay beside channels at KDA's lower bound (-5 per
+token), FLA's in-kernel options (the softplus and bounded gates, q/k l2norm, beta sigmoid), and gates far past any
+bound (steep 16-token sub-chunks, resets), chunk_gla's too."""
 
 import math
 
@@ -45,12 +45,11 @@ def kernels_only(monkeypatch):
     monkeypatch.setattr(ops.torch_path, "chunk_attention", refuse)
 
 
-def run(x, safe_gate=True, **options):
+def run(x, **options):
     cu = x["cu_seqlens"]
     o, S = tilela.chunk_kda(*(x[n].cuda() for n in ("q", "k", "v", "g", "beta")),
                             initial_state=x["initial_state"].cuda(), output_final_state=True,
-                            cu_seqlens=None if cu is None else cu.cuda(), cu_seqlens_cpu=cu, safe_gate=safe_gate,
-                            **options)
+                            cu_seqlens=None if cu is None else cu.cuda(), cu_seqlens_cpu=cu, **options)
     torch.cuda.synchronize()
     return o, S
 
@@ -77,12 +76,10 @@ def test_kda_against_float64_reference(kernels_only, case):
 
 
 @pytest.mark.parametrize("form", ["softplus", "bounded"])
-def test_kda_fla_options_against_float64_reference(request, form):
-    """The raw gate through use_gate_in_kernel (the bounded form with safe_gate on our kernels, the softplus form on
-    the PyTorch path), unnormalised q/k through use_qk_l2norm_in_kernel and beta logits through
-    use_beta_sigmoid_in_kernel: the transforms in float64, then the reference."""
-    if form == "bounded":
-        request.getfixturevalue("kernels_only")
+def test_kda_fla_options_against_float64_reference(kernels_only, form):
+    """The raw gate through use_gate_in_kernel (the softplus form; the bounded form with safe_gate), unnormalised q/k
+    through use_qk_l2norm_in_kernel and beta logits through use_beta_sigmoid_in_kernel: the transforms in float64,
+    then the reference."""
     lengths, HV, K = (1, 257, 64), 4, 128
     x = make(lengths, 1, 2, HV, K, torch.bfloat16, seed=7)
     gen = torch.Generator().manual_seed(8)
@@ -106,14 +103,34 @@ def test_kda_fla_options_against_float64_reference(request, form):
     assert rel_l2(o, ref_o) < TOL and rel_l2(S, ref_S) < TOL
 
 
-def test_kda_without_safe_gate_is_exact_past_the_kernels_bound():
-    """Channels decaying by ~e^-30 per token (far past e^-80 in 16 tokens) without safe_gate: the PyTorch path."""
-    x = make((1, 130, 64, 7), 1, 2, 4, 128, torch.bfloat16, seed=3)
-    x["g"][..., -8:] = -30.0
-    o, S = run(x, safe_gate=False)
-    ref_o, ref_S = reference.chunked(x["q"], x["k"], x["v"], g=x["g"], beta=x["beta"],
-                                     initial_state=x["initial_state"], cu_seqlens=x["cu_seqlens"])
-    assert rel_l2(o, ref_o) < TOL and rel_l2(S, ref_S) < TOL
+STEEP = [(op, K, dtype) for op in ("kda", "gla") for K, dtype in ((128, torch.bfloat16), (64, torch.float16))]
+
+
+@pytest.mark.parametrize("op,K,dtype", STEEP, ids=[f"{o}-K{K}-{str(d)[6:]}" for o, K, d in STEEP])
+def test_steep_gates_on_the_kernels(kernels_only, op, K, dtype):
+    """Gates far past any bound, on the kernels: channels decaying by e^-30 on every token (every 16-token sub-chunk
+    steep), single tokens at -200 at a sub-chunk's first row, inside one and at a tile's last row (only the
+    sub-chunks around them steep), a -1e4 token (a reset), beside channels at 0 and the -5 bound; odd varlen."""
+    x = make((1, 130, 64, 7, 300), 1, 2, 4, K, dtype, seed=11)
+    g = x["g"]
+    g[..., K // 2: K // 2 + 8] = -30.0
+    last = 202  # the 300-token sequence's first token
+    for t, d in ((16, -1), (37, -2), (63, -3), (64 * 3 + 5, -4), (80, -5)):
+        g[0, last + t, :, d] = -200.0
+    g[0, last + 250, :, -6] = -1e4
+    cu = x["cu_seqlens"]
+    if op == "kda":
+        o, S = run(x)
+        ref_o, ref_S = reference.chunked(x["q"], x["k"], x["v"], g=g, beta=x["beta"],
+                                         initial_state=x["initial_state"], cu_seqlens=cu)
+    else:
+        o, S = tilela.chunk_gla(*(x[n].cuda() for n in ("q", "k", "v", "g")), initial_state=x["initial_state"].cuda(),
+                                output_final_state=True, cu_seqlens=cu.cuda(), cu_seqlens_cpu=cu)
+        ref_o, ref_S = reference.chunked(x["q"], x["k"], x["v"], g=g, initial_state=x["initial_state"],
+                                         cu_seqlens=cu)
+    assert torch.isfinite(o).all() and torch.isfinite(S).all()
+    assert rel_l2(o, ref_o) < TOL, f"o rel L2 {rel_l2(o, ref_o):.3e}"
+    assert rel_l2(S, ref_S) < TOL, f"final state rel L2 {rel_l2(S, ref_S):.3e}"
 
 
 def _passes(K):

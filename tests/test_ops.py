@@ -141,26 +141,23 @@ def fake_hopper(monkeypatch):
     monkeypatch.setattr(ops, "_hopper", lambda *tensors: backend)
 
 
-def test_kda_takes_the_hopper_kernels_only_with_safe_gate(fake_hopper):
-    """On a Hopper device chunk_kda runs the kernels only when safe_gate=True bounds every log gate to [-5, 0) (their
-    16-token sub-chunks need it); otherwise the PyTorch path, exact for any gate. GDN is not affected."""
+def test_kda_takes_the_hopper_kernels_for_every_gate(fake_hopper):
+    """On a Hopper device chunk_kda runs the kernels for every gate form, bounded or not, safe_gate or not, eagerly
+    and through the custom op (autograd); float32 inputs take the PyTorch path, exact for any gate."""
     gen = torch.Generator().manual_seed(0)
     q, k = (F.normalize(torch.randn(1, 70, 2, 64, generator=gen), dim=-1).bfloat16() for _ in range(2))
     v = torch.randn(1, 70, 2, 64, generator=gen).bfloat16()
     g = F.logsigmoid(torch.randn(1, 70, 2, 64, generator=gen)) * 20  # down to about -60 per token: unbounded
     beta = torch.rand(1, 70, 2, generator=gen)
-    o, _ = tilela.chunk_kda(q, k, v, g, beta)
+    for kw in ({}, dict(safe_gate=True), dict(use_gate_in_kernel=True, lower_bound=-5.0),
+               dict(use_gate_in_kernel=True, A_log=torch.zeros(2))):
+        with pytest.raises(_Reached):
+            tilela.chunk_kda(q, k, v, g, beta, **kw)
+    with pytest.raises(_Reached):  # through the custom op (autograd)
+        tilela.chunk_kda(q, k, v.float().requires_grad_().bfloat16(), g, beta)
+    o, _ = tilela.chunk_kda(q.float(), k.float(), v.float(), g, beta)
     ref, _ = reference.recurrent(q, k, v, g, beta)
-    assert rel_l2(o, ref) < 1e-2
-    with pytest.raises(_Reached):
-        tilela.chunk_kda(q, k, v, g.clamp_min(-5), beta, safe_gate=True)
-    with pytest.raises(_Reached):  # through the custom op (autograd): the flag travels with the call
-        tilela.chunk_kda(q, k, v.float().requires_grad_().bfloat16(), g.clamp_min(-5), beta, safe_gate=True)
-    with pytest.raises(_Reached):  # the in-kernel gate bounded by lower_bound
-        tilela.chunk_kda(q, k, v, g, beta, use_gate_in_kernel=True, lower_bound=-5.0)
-    tilela.chunk_kda(q, k, v, g, beta, use_gate_in_kernel=True, A_log=torch.zeros(2))  # unbounded: PyTorch path
-    with pytest.raises(_Reached):
-        tilela.chunk_gated_delta_rule(q, k, v, g[..., 0], beta)
+    assert rel_l2(o, ref) < 1e-4
 
 
 def test_in_kernel_gates_reach_the_gate_stages_raw(monkeypatch):
@@ -230,8 +227,8 @@ def test_eager_inference_skips_the_custom_op_and_autograd_takes_it(monkeypatch):
         tilela.chunk_gated_delta_rule(q, k, v.detach(), raw, beta, use_gate_in_kernel=True, A_log=A_log)
 
 
-def test_kda_bounded_gate_reaches_the_kernels_through_context_parallelism(fake_hopper, tmp_path):
-    """The safe_gate flag travels through the cp_context path too (one gloo process)."""
+def test_kda_reaches_the_kernels_through_context_parallelism(fake_hopper, tmp_path):
+    """A KDA call through the cp_context path runs the kernels too (one gloo process)."""
     import torch.distributed as dist
 
     from tilela import distributed
@@ -241,13 +238,12 @@ def test_kda_bounded_gate_reaches_the_kernels_through_context_parallelism(fake_h
     gen = torch.Generator().manual_seed(0)
     q, k = (F.normalize(torch.randn(1, 64, 1, 64, generator=gen), dim=-1).bfloat16() for _ in range(2))
     v, beta = torch.randn(1, 64, 1, 64, generator=gen).bfloat16(), torch.rand(1, 64, 1, generator=gen)
-    g = F.logsigmoid(torch.randn(1, 64, 1, 64, generator=gen)).clamp_min(-5)
+    g = F.logsigmoid(torch.randn(1, 64, 1, 64, generator=gen))
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
     try:
         ctx = distributed.build_cp_context(torch.tensor([0, 64]))
-        tilela.chunk_kda(q, k, v, g, beta, cp_context=ctx)  # unbounded: the PyTorch path
         with pytest.raises(_Reached):
-            tilela.chunk_kda(q, k, v, g, beta, cp_context=ctx, safe_gate=True)
+            tilela.chunk_kda(q, k, v, g, beta, cp_context=ctx)
     finally:
         dist.destroy_process_group()
 

@@ -18,7 +18,7 @@ def test_ws_covers(K, gate, delta, dtype, covered):
 
 @pytest.mark.parametrize("K,V,gate,delta,dtype,covered", [
     (256, 256, "scalar", True, "bfloat16", True), (128, 64, "none", False, "bfloat16", False),
-    (256, 256, "channel", False, "float16", False), (128, 128, "channel", True, "bfloat16", False),
+    (256, 256, "channel", False, "float16", False), (128, 128, "channel", True, "bfloat16", True),
     (256, 256, "channel", True, "bfloat16", False),
     (64, 64, "none", True, "float32", False), (32, 32, "none", False, "bfloat16", False),
 ])
@@ -28,10 +28,9 @@ def test_pipeline_covers(K, V, gate, delta, dtype, covered):
 
 @pytest.mark.parametrize("K,dtype,covered", [(128, "bfloat16", True), (64, "float16", True), (256, "bfloat16", False),
                                              (128, "float32", False)])
-def test_kda_covered_with_a_bounded_gate_only(K, dtype, covered):
-    assert P.covers(dtype, K, K, "channel", True, bounded=True) is covered
-    assert not P.covers(dtype, K, K, "channel", True)
-    assert P.covers(dtype, K, K, "channel", False, bounded=True) is P.covers(dtype, K, K, "channel", False)
+def test_kda_covered_as_gla(K, dtype, covered):
+    assert P.covers(dtype, K, K, "channel", True) is covered
+    assert P.covers(dtype, K, K, "channel", False) is covered
 
 
 @pytest.mark.parametrize("K,V,grid,block", [(128, 128, 33, 32), (128, 128, 34, 64), (128, 128, 66, 64),

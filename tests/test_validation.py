@@ -234,7 +234,7 @@ def test_the_custom_op_checks_its_in_kernel_gate_arguments(form, params, lower, 
     x = good()
     with pytest.raises((ValueError, TypeError), match=match):
         torch.ops.tilela.chunk_attention(x["q"], x["k"], x["v"], x["g"], x["beta"], None, None, None, "scalar", True,
-                                         None, False, False, False, form, params, lower)
+                                         None, False, False, form, params, lower)
 
 
 def test_check_finite_reads_the_in_kernel_gate_as_formed():

@@ -42,23 +42,23 @@ def _state_dtype(q: Tensor) -> torch.dtype:
 def chunk_attention(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor | None,
                     initial_state: Tensor | None, cu_seqlens: Tensor | None, cu_seqlens_cpu: Tensor | None,
                     gate: str, delta: bool, scale: float | None, output_final_state: bool,
-                    check_finite: bool = False, bounded_gate: bool = False, gate_form: str = "log",
+                    check_finite: bool = False, gate_form: str = "log",
                     gate_params: Tensor | None = None, lower_bound: float | None = None) -> tuple[Tensor, Tensor]:
     """(o, final state); the state is an empty tensor unless output_final_state. Validates, then dispatches
-    (bounded_gate: the caller guarantees every per-token log gate >= -5, see kernels.hopper.plan.covers; gate_form
-    other than "log": g is FLA's in-kernel gate input, with gate_params and lower_bound, tilela._gates)."""
+    (gate_form other than "log": g is FLA's in-kernel gate input, with gate_params and lower_bound,
+    tilela._gates)."""
     from . import _validation as V
     from .ops import _dispatch
 
     V.check_gate_input(gate_form, gate_params, lower_bound, g)
     o, S = _dispatch(q, k, v, g, gate, beta, delta, scale, initial_state, output_final_state, cu_seqlens,
-                     cu_seqlens_cpu, check_finite, bounded_gate, InKernelGate(gate_form, gate_params, lower_bound))
+                     cu_seqlens_cpu, check_finite, InKernelGate(gate_form, gate_params, lower_bound))
     return o, (S if S is not None else q.new_empty(0, dtype=_state_dtype(q)))
 
 
 @chunk_attention.register_fake
 def _(q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu, gate, delta, scale, output_final_state,
-      check_finite=False, bounded_gate=False, gate_form="log", gate_params=None, lower_bound=None):
+      check_finite=False, gate_form="log", gate_params=None, lower_bound=None):
     B, T, HV, Vd = v.shape
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     state = (N, HV, q.shape[3], Vd) if output_final_state else (0,)

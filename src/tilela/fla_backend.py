@@ -9,11 +9,12 @@ default otherwise; FLA re-reads ``FLA_TILELA`` on every call, so ``FLA_TILELA=0`
 The verifier accepts a call exactly when tilela runs it and is the better choice:
 
 - FLA's own errors stay FLA's: a call FLA rejects (a removed ``head_first``, ``allow_neg_eigval`` without
-  ``use_beta_sigmoid_in_kernel``, the in-kernel gate without ``A_log``, bad shapes) falls back to FLA, which raises;
+  ``use_beta_sigmoid_in_kernel``, the in-kernel gate without ``A_log``, ``safe_gate`` with the in-kernel gate outside
+  -5 <= lower_bound < 0, bad shapes) falls back to FLA, which raises;
 - unsupported here: ``cp_context`` (context parallelism) and ``return_intermediate_states``;
 - on a GPU only what the Hopper kernels serve (``kernels.hopper.plan.covers``: bf16/fp16, K = V in {64, 128, 256};
-  chunk_kda with a bounded gate, ``ops.kda_gate_bounded``), and only for inference (with an input that requires grad
-  FLA's Triton backward is faster than tilela's recompute on the PyTorch path);
+  chunk_kda with every gate form), and only for inference (with an input that requires grad FLA's Triton backward is
+  faster than tilela's recompute on the PyTorch path);
 - on the CPU every valid call (FLA's Triton kernels do not run there).
 """
 
@@ -54,6 +55,9 @@ def verify(name: str, *args, **kwargs) -> tuple[bool, str | None]:
         return False, "allow_neg_eigval without use_beta_sigmoid_in_kernel: FLA raises"
     if x["use_gate_in_kernel"] and x["A_log"] is None and x.get("lower_bound") is None:
         return False, "use_gate_in_kernel without A_log: FLA raises"
+    bound = x.get("lower_bound")
+    if x["use_gate_in_kernel"] and x.get("safe_gate") and not (bound is not None and -5 <= bound < 0):
+        return False, "safe_gate with use_gate_in_kernel outside -5 <= lower_bound < 0: FLA raises"
     q, k, v, g, beta, h0 = (x[n] for n in ("q", "k", "v", "g", "beta", "initial_state"))
     if x["state_v_first"] or extra.get("transpose_state_layout"):
         h0 = None if h0 is None else h0.transpose(-1, -2)
@@ -66,10 +70,9 @@ def verify(name: str, *args, **kwargs) -> tuple[bool, str | None]:
         return True, None
     if any(t.requires_grad for t in tensors) and torch.is_grad_enabled():
         return False, "an input requires grad: FLA's backward is faster than tilela's recompute"
-    bounded = ops.kda_gate_bounded(bool(x["use_gate_in_kernel"]), bool(x.get("safe_gate")), x.get("lower_bound"))
     hopper = ops._hopper(*tensors)
     if hopper is None or not hopper.plan.covers(hopper.DTYPE_NAMES.get(q.dtype), q.shape[-1], v.shape[-1], gate,
-                                                True, bounded):
+                                                True):
         return False, "not served by tilela's Hopper kernels (device, dtype, K, V or gate)"
     return True, None
 

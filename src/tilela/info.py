@@ -25,31 +25,29 @@ SHORT = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", t
 
 
 def hopper_route(device: torch.device, dtype: torch.dtype, gate: str | None = None, delta: bool = False,
-                 K: int = 128, V: int = 128, bounded: bool = True) -> tuple[bool, bool]:
+                 K: int = 128, V: int = 128) -> tuple[bool, bool]:
     """(whether tilela.ops hands tensors of this dtype on device to the Hopper backend (ops._hopper), whether the
-    backend covers an attention call with this gate kind, update rule and K, V (kernels.hopper.plan.covers; bounded:
-    a gate KDA's safe_gate bounds; False for gate None)). The one place this module depends on tilela.ops'
-    dispatch."""
+    backend covers an attention call with this gate kind, update rule and K, V (kernels.hopper.plan.covers; False
+    for gate None)). The one place this module depends on tilela.ops' dispatch."""
     from . import ops
     from .kernels.hopper import DTYPE_NAMES, plan
 
     on_hopper = ops._hopper(torch.empty(0, device=device, dtype=dtype)) is not None
-    return on_hopper, gate is not None and plan.covers(DTYPE_NAMES.get(dtype), K, V, gate, delta, bounded)
+    return on_hopper, gate is not None and plan.covers(DTYPE_NAMES.get(dtype), K, V, gate, delta)
 
 
 def coverage(gate: str, delta: bool) -> str | None:
     """What the Hopper pipeline covers for this gate kind and update rule, e.g. "bf16/fp16, K = V in 64/128/256",
     found by probing hopper_route over dtypes and head dims; None when it covers nothing."""
     cpu = torch.device("cpu")
-    covers = lambda dtype, K, V, bounded=True: hopper_route(cpu, dtype, gate, delta, K, V, bounded)[1]  # noqa: E731
+    covers = lambda dtype, K, V: hopper_route(cpu, dtype, gate, delta, K, V)[1]  # noqa: E731
     pairs = [(K, V) for K in PROBE_DIMS for V in PROBE_DIMS if any(covers(d, K, V) for d in PROBE_DTYPES)]
     if not pairs:
         return None
     dtypes = "/".join(SHORT[d] for d in PROBE_DTYPES if any(covers(d, K, V) for K, V in pairs))
     dims = lambda i: "/".join(str(n) for n in sorted({pair[i] for pair in pairs}))  # noqa: E731
     heads = f"K = V in {dims(0)}" if all(K == V for K, V in pairs) else f"K in {dims(0)}, V in {dims(1)}"
-    unbounded = any(covers(d, K, V, False) for d in PROBE_DTYPES for K, V in pairs)
-    return f"{dtypes}, {heads}" + ("" if unbounded else ", safe_gate=True")
+    return f"{dtypes}, {heads}"
 
 
 def device_info() -> dict[str, Any] | None:

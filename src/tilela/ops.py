@@ -50,14 +50,6 @@ def _hopper(*tensors):
     return hopper if hopper.available(*present) else None
 
 
-def kda_gate_bounded(use_gate_in_kernel: bool, safe_gate: bool, lower_bound: float | None) -> bool:
-    """Whether chunk_kda's gate is bounded as the Hopper kernels need (kernels.hopper.plan.covers): the in-kernel
-    gate with -5 <= lower_bound < 0, else safe_gate (the caller's guarantee that every log gate lies in [-5, 0))."""
-    if use_gate_in_kernel:
-        return lower_bound is not None and -5 <= lower_bound < 0
-    return safe_gate
-
-
 def _check(q, k, v, g, g_kind, beta, needs_beta, scale, initial_state, cu_seqlens, cu_seqlens_cpu):
     """(dims, scale as a float or None) of a validated call."""
     dims = V.check_attention(q=q, k=k, v=v, g=g, g_kind=g_kind, beta=beta, needs_beta=needs_beta,
@@ -66,17 +58,16 @@ def _check(q, k, v, g, g_kind, beta, needs_beta, scale, initial_state, cu_seqlen
 
 
 def _dispatch(q, k, v, g, g_kind, beta, needs_beta, scale, initial_state, output_final_state, cu_seqlens,
-              cu_seqlens_cpu, check_finite=False, bounded_gate=False, gate_in=LOG_GATE):
+              cu_seqlens_cpu, check_finite=False, gate_in=LOG_GATE):
     """Validate and run one call on the Hopper kernels or the PyTorch path (the body of tilela::chunk_attention);
-    bounded_gate: the caller guarantees every per-token log gate >= -5 (kernels.hopper.plan.covers); gate_in: how g
-    gives the log gate (tilela._gates.InKernelGate)."""
+    gate_in: how g gives the log gate (tilela._gates.InKernelGate)."""
     dims, scale = _check(q, k, v, g, g_kind, beta, needs_beta, scale, initial_state, cu_seqlens, cu_seqlens_cpu)
     return _run(dims, scale, q, k, v, g, g_kind, beta, needs_beta, initial_state, output_final_state, cu_seqlens,
-                check_finite, bounded_gate, gate_in)
+                check_finite, gate_in)
 
 
 def _run(dims, scale, q, k, v, g, g_kind, beta, needs_beta, initial_state, output_final_state, cu_seqlens,
-         check_finite, bounded_gate, gate_in):
+         check_finite, gate_in):
     """One validated call (dims and scale from _check) on the Hopper kernels (the in-kernel gate formed where they
     sum the gate) or the PyTorch path (the gate formed first). check_finite reads the in-kernel gate as formed: its raw
     input may be ±inf (g = -inf, a reset, or 0), and non-finite A_log or dt_bias show up in it."""
@@ -84,8 +75,7 @@ def _run(dims, scale, q, k, v, g, g_kind, beta, needs_beta, initial_state, outpu
                                       initial_state=initial_state), dims.seq_bounds)
     scale = dims.K ** -0.5 if scale is None else scale
     hopper = _hopper(q, k, v, g, beta, initial_state, cu_seqlens)
-    if hopper is not None and hopper.plan.covers(hopper.DTYPE_NAMES.get(q.dtype), dims.K, dims.V, g_kind, needs_beta,
-                                                 bounded_gate):
+    if hopper is not None and hopper.plan.covers(hopper.DTYPE_NAMES.get(q.dtype), dims.K, dims.V, g_kind, needs_beta):
         plan = hopper.plan_call(q, v, g, beta, scale, gate=g_kind, lengths=[e - s for s, e in dims.seq_bounds],
                                 initial_state=initial_state is not None, output_final_state=output_final_state,
                                 varlen=cu_seqlens is not None, gate_form=gate_in.form)
@@ -96,7 +86,7 @@ def _run(dims, scale, q, k, v, g, g_kind, beta, needs_beta, initial_state, outpu
 
 
 def _attention(q, k, v, g, g_kind, beta, needs_beta, scale, initial_state, output_final_state, cu_seqlens,
-               cu_seqlens_cpu, check_finite=False, bounded_gate=False, gate_in=LOG_GATE):
+               cu_seqlens_cpu, check_finite=False, gate_in=LOG_GATE):
     """Validate eagerly; then an eager call on plain tensors that records no autograd runs directly (_run: no custom
     op dispatch, no second validation; the serving case), and every other call goes through the custom op
     tilela::chunk_attention (autograd, fake tensors and other tensor subclasses, functorch transforms, tracing,
@@ -112,12 +102,12 @@ def _attention(q, k, v, g, g_kind, beta, needs_beta, scale, initial_state, outpu
         grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
         if plain and not grad and not torch._C._are_functorch_transforms_active() and not torch.jit.is_tracing():
             return _run(dims, scale, q, k, v, g, g_kind, beta, needs_beta, initial_state, output_final_state,
-                        cu_seqlens, check_finite, bounded_gate, gate_in)
+                        cu_seqlens, check_finite, gate_in)
         if cu_seqlens is not None and cu_seqlens_cpu is None:
             cu_seqlens_cpu = torch.tensor([0, *(e for _, e in dims.seq_bounds)], dtype=torch.int64)
     o, S = _library.chunk_attention(q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu, g_kind, needs_beta,
                                     None if scale is None else float(scale), output_final_state, check_finite,
-                                    bounded_gate, *gate_in)
+                                    *gate_in)
     return o, (S if output_final_state else None)
 
 
@@ -176,8 +166,7 @@ def _fla_kwargs(kwargs: dict, state_v_first: bool, *, head_first_raises: bool, l
     return V.check_flag("state_v_first", state_v_first)
 
 
-def _cp_attention(cp_context, q, k, v, g, g_kind, beta, scale, initial_state, output_final_state, check_finite,
-                  bounded_gate):
+def _cp_attention(cp_context, q, k, v, g, g_kind, beta, scale, initial_state, output_final_state, check_finite):
     """A delta-rule call context-parallel over ``cp_context`` (tilela.distributed.build_cp_context): this rank's
     tokens in, its outputs and every sequence's final state out. The context's rank-local boundaries replace the
     call's ``cu_seqlens``, as FLA's; unlike FLA, ``initial_state`` (all sequences, the same on every rank) and
@@ -186,7 +175,7 @@ def _cp_attention(cp_context, q, k, v, g, g_kind, beta, scale, initial_state, ou
 
     def local(v_, h0, final):
         return _attention(q, k, v_, g, g_kind, beta, True, scale, h0, final, cp_context.cu_seqlens,
-                          cp_context.cu_seqlens_cpu, check_finite, bounded_gate)
+                          cp_context.cu_seqlens_cpu, check_finite)
 
     return distributed.context_parallel(local, cp_context, v, _tensor("k", k).shape[-1], initial_state,
                                         V.check_flag("output_final_state", output_final_state), delta=True,
@@ -257,18 +246,18 @@ def in_kernel_gate(g: torch.Tensor, A_log, dt_bias, lower_bound: float | None) -
 
 
 def _gated_delta(q, k, v, g, gate, beta, scale, initial_state, output_final_state, state_v_first, cu_seqlens,
-                 cu_seqlens_cpu, cp_context, check_finite, bounded_gate=False, gate_in=LOG_GATE):
+                 cu_seqlens_cpu, cp_context, check_finite, gate_in=LOG_GATE):
     """GDN and KDA after their input transforms: one process, or the ranks of cp_context (tilela.distributed); the
-    state in FLA's layout either way. bounded_gate: KDA's safe_gate (kernels.hopper.plan.covers); gate_in: g is
-    the in-kernel gate's input (the context-parallel path forms the gate first)."""
+    state in FLA's layout either way. gate_in: g is the in-kernel gate's input (the context-parallel path forms the
+    gate first)."""
     initial_state = _state_in(initial_state, state_v_first)
     if cp_context is not None:
         g = apply_gate(g, *gate_in)
         result = _cp_attention(cp_context, q, k, v, g, gate, beta, scale, initial_state, output_final_state,
-                               check_finite, bounded_gate)
+                               check_finite)
     else:
         result = _attention(q, k, v, g, gate, beta, True, scale, initial_state, output_final_state, cu_seqlens,
-                            cu_seqlens_cpu, check_finite, bounded_gate, gate_in)
+                            cu_seqlens_cpu, check_finite, gate_in)
     return _state_out(result, state_v_first)
 
 
@@ -349,14 +338,9 @@ def chunk_kda(
     With ``use_gate_in_kernel`` g is the raw gate input: g = -exp(A_log) softplus(g + dt_bias), or with
     ``lower_bound`` g = lower_bound sigmoid(exp(A_log) (g + dt_bias)) (A_log [HV] optional there, dt_bias
     [HV * K] optional); without it A_log and dt_bias are ignored, as FLA does. ``safe_gate`` requires
-    -5 <= lower_bound < 0 with the in-kernel gate. ``disable_recompute``, ``use_graph`` and ``max_num_seqs`` only
-    tune FLA's own kernels and are unused; other keyword arguments are ignored, as FLA does.
-
-    A Hopper GPU runs our kernels for a bounded gate: the in-kernel gate with -5 <= lower_bound < 0, or
-    ``safe_gate=True``, which with a precomputed g is the caller's guarantee, as in FLA, that every log gate lies in
-    [-5, 0) (not checked: a channel that decays by more than e^-80 within 16 tokens makes the kernels' intra-chunk
-    products, on 16-token sub-chunks around a reference point, overflow to inf or NaN). Any other gate takes the
-    PyTorch path, exact for any gate."""
+    -5 <= lower_bound < 0 with the in-kernel gate, as FLA's; it selects nothing here: the Hopper kernels and the
+    PyTorch path are exact for any gate (docs/exactness.md). ``disable_recompute``, ``use_graph`` and
+    ``max_num_seqs`` only tune FLA's own kernels and are unused; other keyword arguments are ignored, as FLA does."""
     state_v_first = _fla_kwargs(kwargs, state_v_first, head_first_raises=False, layout_alias=True)
     _chunk_size(chunk_size, (32, 64))
     if V.check_flag("return_intermediate_states", return_intermediate_states):
@@ -367,18 +351,17 @@ def chunk_kda(
     if lower_bound is not None and (isinstance(lower_bound, bool) or not isinstance(lower_bound, (int, float))):
         raise TypeError(f"lower_bound: expected a float or None, got {type(lower_bound).__name__}")
     q, k, beta = _qk_beta(q, k, beta, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval)
-    in_kernel = V.check_flag("use_gate_in_kernel", use_gate_in_kernel)
-    bounded, gate_in = kda_gate_bounded(in_kernel, safe_gate, lower_bound), LOG_GATE
-    if in_kernel:
+    gate_in = LOG_GATE
+    if V.check_flag("use_gate_in_kernel", use_gate_in_kernel):
         if A_log is None and lower_bound is None:
             raise ValueError("A_log: required when use_gate_in_kernel=True and lower_bound is not set")
-        if safe_gate and not bounded:
+        if safe_gate and not (lower_bound is not None and -5 <= lower_bound < 0):
             raise ValueError(f"lower_bound: safe_gate with use_gate_in_kernel needs -5 <= lower_bound < 0, "
                              f"got {lower_bound}")
         g = _gate_shape(g, v, True, q.shape[-1])
         gate_in = in_kernel_gate(g, A_log, dt_bias, lower_bound)
     return _gated_delta(q, k, v, g, "channel", beta, scale, initial_state, output_final_state, state_v_first,
-                        cu_seqlens, cu_seqlens_cpu, cp_context, check_finite, bounded, gate_in)
+                        cu_seqlens, cu_seqlens_cpu, cp_context, check_finite, gate_in)
 
 
 def chunk_delta_rule(
@@ -516,8 +499,8 @@ def chunk_gla(
     log gate, <= 0 (a decay).
 
     On Hopper a 64-token chunk's intra-chunk scores come from one product while no key channel decays by more than
-    e^-80 over it, else from 16-token sub-chunks: exact while no key channel decays by more than e^-80 within 16
-    tokens (mean log gate >= -5 per token). The kernels read the gate in its own dtype and sum it in their tiles."""
+    e^-80 over it, else from 16-token sub-chunks, and term by term within a sub-chunk where a channel decays by more
+    than that inside it: exact for any gate. The kernels read the gate in its own dtype and sum it in their tiles."""
     V.check_flag("state_v_first", state_v_first)
     return _state_out(_attention(q, k, v, g, "channel", None, False, scale, _state_in(initial_state, state_v_first),
                                  output_final_state, cu_seqlens, cu_seqlens_cpu, check_finite), state_v_first)

@@ -68,7 +68,7 @@ def jobs() -> list[Job]:
                                                             ("bfloat16", "float16"), switches):
         level = dict(ops=frozenset({op_of[gate, delta]}), dtype=dtype, K=K)
         for beta_dtype in ("float32", dtype) if gate == "scalar" and delta else ("float32",):
-            if covers(dtype, K, K, gate, delta, bounded=True) and (
+            if covers(dtype, K, K, gate, delta) and (
                     gate == "channel" or K == 256 or (gate, delta) == ("scalar", True)):
                 out.append(Job("chunk_fwd", (K, gate, delta, dtype, beta_dtype, flags), **level))
             if ws_covers(dtype, K, K, gate, delta):  # what "auto" picks

@@ -13,7 +13,7 @@ precompile.py`; token counts, head counts, K (cumsum, kkt_solve) and varlen layo
     kkt_solve_kernel(chunk, method, k dtype, gate kind, value heads per pass); "blocked" at chunk 16 is the plain
     in-place forward substitution of the 16x16 block (no coupling level)
     gla_factors_kernel(K, q/k dtype, gate_in, whether it writes KDA's Kg and A): gate_in None (gc), or the raw gate
-    of GLA's log form or KDA's forms (the log gate and the bounded sigmoid)
+    of GLA's log form or KDA's forms (the log gate, the softplus and the bounded sigmoid)
     seq_combine_kernel(K, V, gate kind, whether an initial state is read): the plain update's sequence split
     l2norm_kernel(K, q/k dtype): use_qk_l2norm_in_kernel
     the state passes: plan.PassConfig.args for every (K, gate, update rule, dtype, switches, tiles) a plan can hold
@@ -33,7 +33,7 @@ CUMSUM_CONFIGS = [(C, d, "log") for C in (16, 32, 64) for d in ("float32", *HALF
     (CHUNK, d, form) for form in ("softplus", "sigmoid") for d in ("float32", *HALF)]
 KKT_METHODS = [(16, "blocked"), (32, "blocked"), (64, "blocked"), (16, "neumann"), (32, "neumann"), (64, "neumann")]
 GATE_DTYPES = ("float32", *HALF)
-KDA_FORMS = ("log", "sigmoid")
+KDA_FORMS = ("log", "softplus", "sigmoid")
 GLA_FACTORS_CONFIGS = [(K, d, gate_in, delta) for K in (64, 128) for d in HALF for delta in (False, True)
                        for gate_in in (None, *((gd, form) for gd in GATE_DTYPES
                                                for form in (KDA_FORMS if delta else ("log",))))]

@@ -31,12 +31,14 @@ The scores exp(gc_i - gc_j) (q_i . k_j) and (k_i . k_j), two ways, chosen per ti
   - else per 16-row block a against the reference R_a = gc at its first row (kkt_solve.gated_kkt's): query and key
     rows i of block a as x_i exp(gc_i - R_a), formed once, times the key operand k_j exp(R_a - gc_j) over the rows
     j < 16 (a + 1) (k read again from global memory, the last block first), keeping a's rows. Only the diagonal
-    16x16 block has a positive exponent, over at most 15 tokens: exact while no key channel decays by more than
-    e^-80 within 16 tokens.
-Causal entries only (select, not multiply: the products above the diagonal may be huge). The score operands are bf16
-for bf16 inputs, fp32 (tf32) for fp16 ones (common.channel_score_dtype). Qg, Kd, Kg have non-positive exponents and
-leave in the input dtype, as do P and Ab; Ab, and P of a one-product tile, leave through shared memory as whole
-rows.
+    16x16 block has a positive exponent, over at most 15 tokens; where a key channel decays by more than e^-80
+    between the first rows of block a and of the next block (a "steep" block: its factors could pass the bf16/fp32
+    range), the products' diagonal block is discarded and formed term by term instead, each exp(gc_i - gc_j) on its
+    own (diagonal_scores). So the scores are exact for any gate.
+Causal entries only (select, not multiply: the products above the diagonal may be huge or not finite). The score
+operands are bf16 for bf16 inputs, fp32 (tf32) for fp16 ones (common.channel_score_dtype). Qg, Kd, Kg have
+non-positive exponents and leave in the input dtype, as do P and Ab; Ab, and P of a one-product tile, leave through
+shared memory as whole rows.
 Rows past the sequence end are not stored: the next sequence's tile owns them. A's scores go straight from the key
 rows' product into kkt_solve.py's inverse (tile_inverse, blocked, one value head).
 """
@@ -78,19 +80,55 @@ def gla_factors_kernel(K: int, dtype: str, gate_in: tuple | None, delta: bool = 
     min_blocks = 2 if score_dtype == accum else 3
 
     @T.macro
-    def unit_lower_rows(KK, lo, hi, rows, beta_s, Xd, Lo, M10):
-        """Rows [lo, hi) of I + L, L_ij = beta_i (Gamma ⊙ K K^T)_ij for i > j (KK: the key rows' scores), into the
-        inverse's buffers (kkt_solve.inverse_buffers): the diagonal 16x16 blocks (Xd), -L_10 of each 32 half (Lo),
-        -M_10 (M10); rows past the sequence end hold 0 (select: their exponent is unbounded)."""
+    def unit_lower_rows(KK, lo, hi, rows, beta_s, Xd, Lo, M10, steep=False, dg_s=None):
+        """Rows [lo, hi) of I + L, L_ij = beta_i (Gamma ⊙ K K^T)_ij for i > j (KK: the key rows' scores; where steep,
+        dg_s[1] in their diagonal 16x16 block), into the inverse's buffers (kkt_solve.inverse_buffers): the diagonal
+        16x16 blocks (Xd), -L_10 of each 32 half (Lo), -M_10 (M10); rows past the sequence end hold 0 (select: their
+        exponent is unbounded)."""
         for i, j in T.Parallel(C, C):
             if lo <= i and i < hi:
-                L = T.if_then_else(i < rows and j < i, beta_s[i] * KK[i, j], 0.0)
+                kk = KK[i, j]
+                if dg_s is not None:
+                    kk = T.if_then_else(steep and i // BLOCK == j // BLOCK, dg_s[1, i % BLOCK, j % BLOCK], kk)
+                L = T.if_then_else(i < rows and j < i, beta_s[i] * kk, 0.0)
                 if i // BLOCK == j // BLOCK:
                     Xd[i // BLOCK, i % BLOCK, j % BLOCK] = T.if_then_else(i == j, 1.0, L)
                 elif i // BLOCK % 2 == 1 and j // BLOCK == i // BLOCK - 1:
                     Lo[i // (2 * BLOCK), i % BLOCK, j % BLOCK] = -L
                 elif i >= 2 * BLOCK and j < 2 * BLOCK:
                     M10[0, i - 2 * BLOCK, j] = -L
+
+    @T.macro
+    def diagonal_scores(a, q, k, start, rows, hq, gl, r0, d0, Q_s, G_s, dg_s):
+        """dg_s[0, i, j] <- sum_d q_id k_jd exp(gc_id - gc_jd) and, with the delta rule, dg_s[1, i, j] <- the same
+        with k_id for q_id, for rows i, j of row block a (j <= i; entries j > i are finite and stale), each term's
+        exponent on its own: exact for any gate. Staged after the block's products, in memory they no longer read:
+        gc of the block's rows and its raw k in G_s (the key operand's memory viewed as float32), its raw q in Q_s's
+        rows of the block. Thread tx forms the entries (tx // 8, tx % 8 + 8 h), h = 0, 1, the channels in an order
+        rotated by tx (conflict-free shared reads)."""
+        if r0 // BLOCK == a:
+            for i in T.unroll(run):
+                for v in T.vectorized(VEC):
+                    G_s[r0 % BLOCK + i, d0 + v] = gl[i, v]
+        for i, d in T.Parallel(BLOCK, K):
+            G_s[BLOCK + i, d] = T.if_then_else(a * BLOCK + i < rows, T.cast(k[0, start + a * BLOCK + i, hq, d], accum),
+                                               0.0)
+            Q_s[a * BLOCK + i, d] = T.if_then_else(a * BLOCK + i < rows, q[0, start + a * BLOCK + i, hq, d], 0.0)
+        tx = T.get_thread_binding()
+        i = tx // (BLOCK // 2)
+        acc = T.alloc_local((2, 2), accum)  # [q or k rows, h]
+        for x, h in T.grid(2, 2):
+            acc[x, h] = 0.0
+        for dd in T.serial(K):
+            d = (dd + tx) % K
+            for h in T.unroll(2):
+                j = tx % (BLOCK // 2) + h * (BLOCK // 2)
+                f = G_s[BLOCK + j, d] * T.exp2(T.min(G_s[i, d] - G_s[j, d], 0.0))
+                acc[0, h] += T.cast(Q_s[a * BLOCK + i, d], accum) * f
+                if delta:
+                    acc[1, h] += G_s[BLOCK + i, d] * f
+        for x, h in T.grid(2, 2):
+            dg_s[x, i, tx % (BLOCK // 2) + h * (BLOCK // 2)] = acc[x, h]
 
     @T.macro
     def store_rows(out_s, dst, start, rows, hv, column_scale=None):
@@ -208,6 +246,9 @@ def gla_factors_kernel(K: int, dtype: str, gate_in: tuple | None, delta: bool = 
                 xd = T.alloc_local((VEC,), dtype)
                 xh = T.alloc_local((VEC,), dtype)
                 P_f = T.alloc_fragment((C, C), accum)
+                xs = T.alloc_local((VEC,), accum)  # a thread's channels' decay over a row block
+                G_s = T.view(Kr_s, (C * K * (4 if score_dtype == accum else 2) // (4 * K), K), accum)
+                dg_s = T.view(part_s, (2, BLOCK, BLOCK), accum)  # diagonal_scores' entries of a steep row block
                 Kq_s = None
                 if delta:
                     Kq_s = T.alloc_shared((C, K), score_dtype)  # the key rows' operand of K K^T's scores
@@ -260,12 +301,24 @@ def gla_factors_kernel(K: int, dtype: str, gate_in: tuple | None, delta: bool = 
                                 for v in T.vectorized(VEC):
                                     Kr_s[r0 + i, d0 + v] = xr[v]
                         T.gemm(Q_s, Kr_s, P_f, transpose_B=True, clear_accum=True)
-                        for i, j in T.Parallel(C, C):  # from the fragment: Kr_s is the next block's operand
-                            if i // BLOCK == a and i < rows:
-                                P[0, start + i, hv, j] = T.if_then_else(j <= i, P_f[i, j] * scale, 0)
                         if delta:
                             T.gemm(Kq_s, Kr_s, KK, transpose_B=True, clear_accum=True)
-                            unit_lower_rows(KK, a * BLOCK, (a + 1) * BLOCK, rows, beta_s, inv.Xd, inv.Lo, inv.M10)
+                        # block a is steep where a channel decays by more than e^-80 from its first row to the next
+                        # block's (ref_s[NB]: the last row); every warp's lanes cover all channels
+                        for v in T.unroll(VEC):
+                            xs[v] = ref_s[a, d0 + v] - ref_s[a + 1, d0 + v]
+                        steep = T.warp_reduce_max(functools.reduce(T.max, [xs[v] for v in range(VEC)]))
+                        is_steep = steep > DECAY_LIMIT * LOG2E
+                        if is_steep:
+                            diagonal_scores(a, q, k, start, rows, hq, gl, r0, d0, Q_s, G_s, dg_s)
+                        for i, j in T.Parallel(C, C):  # from the fragment: Kr_s is the next block's operand
+                            if i // BLOCK == a and i < rows:
+                                p = T.if_then_else(is_steep and j // BLOCK == a, dg_s[0, i % BLOCK, j % BLOCK],
+                                                   P_f[i, j])
+                                P[0, start + i, hv, j] = T.if_then_else(j <= i, p * scale, 0)
+                        if delta:
+                            unit_lower_rows(KK, a * BLOCK, (a + 1) * BLOCK, rows, beta_s, inv.Xd, inv.Lo, inv.M10,
+                                            is_steep, dg_s)
 
                 if delta:
                     invert(inv.Xd, inv.Lo, inv.M10, inv.X00, inv.X11, inv.F32, inv.T16, inv.row, inv.Q_a, inv.Q_b,

@@ -163,16 +163,12 @@ def auto_split(lengths, heads: int, sms: int, K: int = 128, gate: str = "scalar"
 
 
 # ---- coverage ----------------------------------------------------------------------------------------------------
-def covers(dtype: str, K: int, V: int, gate: str, delta: bool, bounded: bool = False) -> bool:
+def covers(dtype: str, K: int, V: int, gate: str, delta: bool) -> bool:
     """Whether the TileLang pipeline serves a call: bf16/fp16, K = V in {64, 128, 256}; the per-channel gate only up
-    to K = 128 (gla_factors: one thread per key channel; the loop pass's fp32 gate tile in shared memory), and with
-    the delta rule (KDA) only for a bounded gate (bounded: the caller guarantees every per-token log gate >= -5, FLA's
-    safe_gate). The kernels form the intra-chunk products on 16-token sub-chunks around a reference point, exact
-    while no key channel decays by more than e^-80 within 16 tokens; KDA's unbounded gate form breaks that on
-    ordinary inputs (with FLA's layer initialisation a channel reaches -30 on one token, and its worst 16-token
-    window -77 over 8192 tokens of 8 heads), and the PyTorch path is exact for any gate."""
-    return (dtype in HALF and K == V and K in (64, 128, 256) and (gate != "channel" or K <= 128)
-            and (gate != "channel" or not delta or bounded))
+    to K = 128 (gla_factors: one thread per key channel; the loop pass's fp32 gate tile in shared memory). Every
+    gate, any decay: the warp-specialised pipeline's per-channel scores are exact for any gate (gla_factors forms a
+    steep sub-chunk's diagonal block term by term)."""
+    return dtype in HALF and K == V and K in (64, 128, 256) and (gate != "channel" or K <= 128)
 
 
 def l2norm_covers(dtype: str, K: int) -> bool:
@@ -300,7 +296,9 @@ def _plan(*, dtype: str, beta_dtype: str | None, gate_dtype: str | None, gate: s
     g_input: "raw" (the log gate) or "cumsum" (its chunk-local cumsum already: no cumsum stage).
     gate_form: "log", or FLA's in-kernel gate the stage that sums g forms from it ("softplus", "sigmoid";
     tilela._gates).
-    kernel: the state pass, "auto" (ws where it covers), "ws" or "loop".
+    kernel: the state pass, "auto" (ws where it covers), "ws" or "loop". "loop" under the per-channel gate forms
+    the scores in the pass and kkt_solve (common.subchunk_scores, kkt_solve.gated_kkt), exact only while no key
+    channel decays by more than e^-80 within 16 tokens.
     block_DV: the unsplit ws pass's DV block (one of dv_blocks(K, gate, delta)), default from the cost model.
     split: "auto" (auto_split), None (never) or a SegmentPlan of exactly these lengths.
     outputs=False: the state alone (ws pass without its output group; o is not written)."""
