@@ -249,9 +249,7 @@ def public_job(level: str, dtype: torch.dtype, in_kernel_gate: bool = False):
     def run():
         x = make_inputs(128, dtype)
         g = gate_of(x, gate)
-        options = {"safe_gate": True} if op == "chunk_kda" else {}
-        if op == "chunk_linear_attn":  # the recurrence the reference computes: no FLA normaliser
-            options["normalize"] = False
+        options = {"normalize": False} if op == "chunk_linear_attn" else {}  # linear_attn: the reference's recurrence
         if in_kernel_gate:
             g = g * 8  # the gate's input, beyond [-5, 0)
             HV = g.shape[2]

@@ -142,14 +142,16 @@ def test_kkt_solve_per_channel_gate(chunk, method, dtype, kind):
 
 
 @pytest.mark.parametrize("g_dtype,form", [(torch.float32, "log"), (torch.bfloat16, "log"), (torch.bfloat16, "sigmoid"),
-                                          (torch.float16, "sigmoid")])
+                                          (torch.float16, "sigmoid"), (torch.bfloat16, "softplus")])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("K", [64, 128])
 def test_gla_factors_A_from_the_raw_gate(g_dtype, form, dtype, K):
     """KDA's plan on the warp-specialised pass: gla_factors forms A from its own scores, summing the raw gate in its
-    tile (the log gate, or the bounded sigmoid form from its input with lower bound -5), and writes Ab = A
-    diag(beta); varlen with 1-token sequences, GVA 2, both score paths (tiles whose channels decay by more than
-    e^-80, and less); against the float64 stack from the same gate, the diagonal (beta itself) apart."""
+    tile (the log gate, the bounded sigmoid form from its input with lower bound -5, or the softplus form), and
+    writes Ab = A diag(beta); varlen with 1-token sequences, GVA 2, every score path (tiles whose channels decay by
+    more than e^-80, and less; with the softplus form, about -13 per token on every other 16 tokens, 16-row blocks
+    inside which a channel decays by more than e^-80, and others); against the float64 stack from the same gate,
+    the diagonal (beta itself) apart."""
     gen = torch.Generator().manual_seed(len(form) + (g_dtype == torch.bfloat16) + K)
     B, T, cu = layout("varlen", gen)
     H, HV = 2, 4
@@ -161,11 +163,17 @@ def test_gla_factors_A_from_the_raw_gate(g_dtype, form, dtype, K):
         raw[..., 1::2, :, :] /= 8  # every other token weak: some tiles stay within e^-80, some do not
         raw = raw.to(g_dtype)
         g = raw.double()
-    else:
+    elif form == "sigmoid":
         raw = (4 * torch.randn(B, T, HV, K, generator=gen)).to(g_dtype)
         params = torch.stack((torch.rand(HV, K, generator=gen) + 0.5, torch.randn(HV, K, generator=gen)))
         lower = -5.0
         g = apply_gate(raw.double(), form, params.double(), lower)
+    else:
+        raw = 4 * torch.randn(B, T, HV, K, generator=gen)
+        raw[:, torch.arange(T) // 16 % 2 == 0] -= 16  # softplus(~-16) ~ 0: these tokens barely decay
+        raw = raw.to(g_dtype)
+        params = torch.stack((torch.rand(HV, K, generator=gen) * 15 + 1, torch.randn(HV, K, generator=gen)))
+        g = apply_gate(raw.double(), form, params.double(), None)
     key = (K, hopper.DTYPE_NAMES[dtype], (hopper.DTYPE_NAMES[g_dtype], form), True)
     k_dev = k.to(DEV)
     sched = launch.Schedule.of(k_dev, cu.to(DEV))

@@ -138,26 +138,33 @@ def test_level_matches_reference(errors, job):
 
 
 @pytest.mark.parametrize("gate_in,delta", [(None, False), (("float32", "log"), False), (None, True),
-                                           (("bfloat16", "sigmoid"), True), (("float32", "log"), True)],
-                         ids=["gc-in", "raw-gate", "kda-gc-in", "kda-raw-sigmoid", "kda-raw-log"])
+                                           (("bfloat16", "sigmoid"), True), (("float32", "log"), True),
+                                           (("bfloat16", "softplus"), True)],
+                         ids=["gc-in", "raw-gate", "kda-gc-in", "kda-raw-sigmoid", "kda-raw-log", "kda-raw-softplus"])
 @pytest.mark.parametrize("case", list(CASES))
 def test_gla_factors_match_reference(case, gate_in, delta):
     """Qg, Kd, P and D of every chunk (chunks from each sequence start) against the float64 gated factors, from gc
-    or from the raw gate summed in the kernel (GLA's log gate; KDA's log and bounded sigmoid forms, the sigmoid's
-    input in bf16), and KDA's Kg = K ⊙ exp(gc) and Ab = A diag(beta) (reference.kkt_solve); make_inputs' gates (down to -5 per
-    token) put tiles on both score paths (one product, and sub-chunks where a channel decays by more than e^-80
-    over the tile)."""
+    or from the raw gate summed in the kernel (GLA's log gate; KDA's log, bounded sigmoid and softplus forms, their
+    inputs in bf16), and KDA's Kg = K ⊙ exp(gc) and Ab = A diag(beta) (reference.kkt_solve); make_inputs' gates
+    (down to -5 per token) put tiles on both score paths (one product, and sub-chunks where a channel decays by more
+    than e^-80 over the tile); the softplus form's (about -13 per token on every other 16 tokens) puts 16-row
+    blocks on the term-by-term diagonal too."""
     c = CASES[case]
     B, T, HV, K, dtype = c["B"], c["T"], c["HV"], c["K"], c["dtype"]
     q, k, _, g, beta, _ = make_inputs(B, T, c["H"], HV, K, dtype, "channel", seed=1)
     cu = c.get("cu_seqlens")
     g_in, params, lower = g.float(), None, None
-    if gate_in is not None and gate_in[1] == "sigmoid":  # FLA's bounded gate from its input
+    if gate_in is not None and gate_in[1] != "log":  # FLA's in-kernel gate from its input
         gen = torch.Generator().manual_seed(2)
-        g_in = (4 * torch.randn(B, T, HV, K, generator=gen)).to(torch.bfloat16)
-        params = torch.stack((torch.rand(HV, K, generator=gen) + 0.5, torch.randn(HV, K, generator=gen)))
-        lower = -5.0
-        g = apply_gate(g_in.double(), "sigmoid", params.double(), lower)
+        g_in = 4 * torch.randn(B, T, HV, K, generator=gen)
+        if gate_in[1] == "sigmoid":
+            params = torch.stack((torch.rand(HV, K, generator=gen) + 0.5, torch.randn(HV, K, generator=gen)))
+            lower = -5.0
+        else:
+            g_in[:, torch.arange(T) // 16 % 2 == 0] -= 16  # softplus(~-16) ~ 0: these tokens barely decay
+            params = torch.stack((torch.rand(HV, K, generator=gen) * 15 + 1, torch.randn(HV, K, generator=gen)))
+        g_in = g_in.to(torch.bfloat16)
+        g = apply_gate(g_in.double(), gate_in[1], params.double(), lower)
     gc = reference.chunk_local_cumsum(g, 64, cu_seqlens=None if cu is None else torch.tensor(cu))
     scale = K**-0.5
     q_d = q.cuda()
