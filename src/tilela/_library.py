@@ -103,11 +103,11 @@ def _(do, dS, q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu, gate,
 
 
 # chunk_attention's inputs that carry gradients, by position: q, k, v, g, beta, initial_state and gate_params
-_DIFFERENTIABLE = (0, 1, 2, 3, 4, 5, 15)
+_DIFFERENTIABLE = (0, 1, 2, 3, 4, 5, 14)
 
 
 def _setup_context(ctx, inputs, output):
-    (q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu, gate, _, scale, output_final_state, _, _,
+    (q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu, gate, _, scale, output_final_state, _,
      gate_form, gate_params, lower_bound) = inputs
     ctx.save_for_backward(q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu, gate_params)
     ctx.options = (gate, scale, output_final_state, gate_form, lower_bound)
