@@ -192,7 +192,7 @@ def jobs(ep, dtypes: list[str]) -> list[tuple[str, str, object]]:
             if gate_in is not None:  # the raw gate summed in the tile: the log gate, or an in-kernel form's input
                 form = gate_in[1]
                 raw = (g if form == "log" else g * 8).to(getattr(torch, gate_in[0]))
-                # the softplus form about -40 per token: every 16-row block steep (gla_factors' diagonal_scores)
+                # the softplus form about -40 per token: every channel wild (gla_factors' term-by-term scores)
                 a, b = (16.0, 3.0) if form == "softplus" else (4.0, -3.0)
                 params = torch.stack((torch.full(raw.shape[2:], a), torch.full(raw.shape[2:], b)))
                 lower = -5.0 if form == "sigmoid" else None
@@ -203,7 +203,7 @@ def jobs(ep, dtypes: list[str]) -> list[tuple[str, str, object]]:
             Qg, A = ep.factors((K, dtype_name, gate_in, delta), d["q"], d["k"], g_dev, d["beta"] if delta else None,
                                K ** -0.5, d["cu"], None if params is None else params.cuda(), lower)
             G = x["v"].shape[2] // H
-            # Qg against the float64 value rounded to its dtype: fp16 flushes the steep gates' factors as it must
+            # Qg against the float64 value rounded to its dtype: fp16 flushes the wild gates' factors as it must
             Qg_ref = (x["q"].double().repeat_interleave(G, dim=2) * gc.exp()).to(Qg.dtype).double()
             errors = (rel_l2(Qg, Qg_ref),)
             if delta:

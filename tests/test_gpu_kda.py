@@ -2,7 +2,7 @@
 PyTorch path is made to raise): K = V = 64 and 128, bf16 and fp16, GVA 1 and 2, odd varlen with length-1 sequences,
 dense batches, initial and final state, channels that never decay beside channels at KDA's lower bound (-5 per
 token), FLA's in-kernel options (the softplus and bounded gates, q/k l2norm, beta sigmoid), and gates far past any
-bound (steep 16-token sub-chunks, resets), chunk_gla's too."""
+bound (wild channels, resets), chunk_gla's too."""
 
 import math
 
@@ -103,14 +103,14 @@ def test_kda_fla_options_against_float64_reference(kernels_only, form):
     assert rel_l2(o, ref_o) < TOL and rel_l2(S, ref_S) < TOL
 
 
-STEEP = [(op, K, dtype) for op in ("kda", "gla") for K, dtype in ((128, torch.bfloat16), (64, torch.float16))]
+WILD = [(op, K, dtype) for op in ("kda", "gla") for K, dtype in ((128, torch.bfloat16), (64, torch.float16))]
 
 
-@pytest.mark.parametrize("op,K,dtype", STEEP, ids=[f"{o}-K{K}-{str(d)[6:]}" for o, K, d in STEEP])
-def test_steep_gates_on_the_kernels(kernels_only, op, K, dtype):
-    """Gates far past any bound, on the kernels: channels decaying by e^-30 on every token (every 16-token sub-chunk
-    steep), single tokens at -200 at a sub-chunk's first row, inside one and at a tile's last row (only the
-    sub-chunks around them steep), a -1e4 token (a reset), beside channels at 0 and the -5 bound; odd varlen."""
+@pytest.mark.parametrize("op,K,dtype", WILD, ids=[f"{o}-K{K}-{str(d)[6:]}" for o, K, d in WILD])
+def test_wild_gates_on_the_kernels(kernels_only, op, K, dtype):
+    """Gates far past any bound, on the kernels (gla_factors' wild channels, which decay by more than e^-80 over a
+    chunk): channels decaying by e^-30 on every token, single tokens at -200 at a 16-row block's first row, inside
+    one and at a tile's last row, a -1e4 token (a reset), beside channels at 0 and the -5 bound; odd varlen."""
     x = make((1, 130, 64, 7, 300), 1, 2, 4, K, dtype, seed=11)
     g = x["g"]
     g[..., K // 2: K // 2 + 8] = -30.0

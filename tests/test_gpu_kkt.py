@@ -148,10 +148,10 @@ def test_kkt_solve_per_channel_gate(chunk, method, dtype, kind):
 def test_gla_factors_A_from_the_raw_gate(g_dtype, form, dtype, K):
     """KDA's plan on the warp-specialised pass: gla_factors forms A from its own scores, summing the raw gate in its
     tile (the log gate, the bounded sigmoid form from its input with lower bound -5, or the softplus form), and
-    writes Ab = A diag(beta); varlen with 1-token sequences, GVA 2, every score path (tiles whose channels decay by
-    more than e^-80, and less; with the softplus form, about -13 per token on every other 16 tokens, 16-row blocks
-    inside which a channel decays by more than e^-80, and others); against the float64 stack from the same gate,
-    the diagonal (beta itself) apart."""
+    writes Ab = A diag(beta); varlen with 1-token sequences, GVA 2, both score paths (tiles whose channels all
+    decay by at most e^-80, tiles with some wild channels that decay by more; with the softplus form, about -13 per
+    token on every other 16 tokens, every channel wild); against the float64 stack from the same gate, the diagonal
+    (beta itself) apart."""
     gen = torch.Generator().manual_seed(len(form) + (g_dtype == torch.bfloat16) + K)
     B, T, cu = layout("varlen", gen)
     H, HV = 2, 4

@@ -146,9 +146,9 @@ def test_gla_factors_match_reference(case, gate_in, delta):
     """Qg, Kd, P and D of every chunk (chunks from each sequence start) against the float64 gated factors, from gc
     or from the raw gate summed in the kernel (GLA's log gate; KDA's log, bounded sigmoid and softplus forms, their
     inputs in bf16), and KDA's Kg = K ⊙ exp(gc) and Ab = A diag(beta) (reference.kkt_solve); make_inputs' gates
-    (down to -5 per token) put tiles on both score paths (one product, and sub-chunks where a channel decays by more
-    than e^-80 over the tile); the softplus form's (about -13 per token on every other 16 tokens) puts 16-row
-    blocks on the term-by-term diagonal too."""
+    (down to -5 per token) give tiles whose channels all decay by at most e^-80 (one product) and tiles with some
+    wild channels (term by term); the softplus form's (about -13 per token on every other 16 tokens) makes every
+    channel wild."""
     c = CASES[case]
     B, T, HV, K, dtype = c["B"], c["T"], c["HV"], c["K"], c["dtype"]
     q, k, _, g, beta, _ = make_inputs(B, T, c["H"], HV, K, dtype, "channel", seed=1)

@@ -498,9 +498,8 @@ def chunk_gla(
     """Gated linear attention (ladder level 3) with FLA 0.6's signature: g [B, T, HV, K] per-token, per-key-channel
     log gate, <= 0 (a decay).
 
-    On Hopper a 64-token chunk's intra-chunk scores come from one product while no key channel decays by more than
-    e^-80 over it, else from 16-token sub-chunks, and term by term within a sub-chunk where a channel decays by more
-    than that inside it: exact for any gate. The kernels read the gate in its own dtype and sum it in their tiles."""
+    On Hopper a 64-token chunk's intra-chunk scores come from one product over the key channels that decay by at
+    most e^-80 over it, and term by term over the others: exact for any gate. The kernels read the gate in its own dtype and sum it in their tiles."""
     V.check_flag("state_v_first", state_v_first)
     return _state_out(_attention(q, k, v, g, "channel", None, False, scale, _state_in(initial_state, state_v_first),
                                  output_final_state, cu_seqlens, cu_seqlens_cpu, check_finite), state_v_first)

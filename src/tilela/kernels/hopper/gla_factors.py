@@ -20,30 +20,27 @@ One CTA of 128 threads per (64-row tile, value head): tiles come from common.loc
 synchronisation), chunks are tiles, D is indexed by tile slot. gc lives in registers (common.gate_column): thread tx
 owns four key channels (a warp's lanes cover all K) and a run of 64 K / 512 consecutive rows, summed there from the
 raw gate (any gate form, so gc never goes through global memory) or read as gc; rows past the sequence end hold gc of
-its last row. Every global access of a row is one 8-byte vector (bf16). q and k land in the score operands' shared
-memory and are rewritten there in place, four rows of a run at a time (their reads, then their writes), so the CTA
-holds three 64 x K operand tiles and the inverse's buffers: three CTAs per SM for bf16.
+its last row. Every global access of a row is one 8-byte vector (bf16), the wild channels' reloads aside. q and k
+land in the score operands' shared memory and are rewritten there in place, four rows of a run at a time (their
+reads, then their writes), so the CTA holds three 64 x K operand tiles and the inverse's buffers: three CTAs per SM
+for bf16.
 
-The scores exp(gc_i - gc_j) (q_i . k_j) and (k_i . k_j), two ways, chosen per tile:
-  - the tile decays by at most e^-80 in every channel (gc_last >= -80): one product each of (Q ⊙ exp gc) and of
-    (K ⊙ exp gc), Qg and Kg themselves (stored as formed), with the key operand (K ⊙ exp(-gc)), whose factors stay
-    below e^80 (within the fp32/bf16 exponent range);
-  - else per 16-row block a against the reference R_a = gc at its first row (kkt_solve.gated_kkt's): query and key
-    rows i of block a as x_i exp(gc_i - R_a), formed once, times the key operand k_j exp(R_a - gc_j) over the rows
-    j < 16 (a + 1) (k read again from global memory, the last block first), keeping a's rows. Only the diagonal
-    16x16 block has a positive exponent, over at most 15 tokens; where a key channel decays by more than e^-80
-    between the first rows of block a and of the next block (a "steep" block: its factors could pass the bf16/fp32
-    range), the products' diagonal block is discarded and formed term by term instead, each exp(gc_i - gc_j) on its
-    own (diagonal_scores). So the scores are exact for any gate.
-Causal entries only (select, not multiply: the products above the diagonal may be huge or not finite). The score
-operands are bf16 for bf16 inputs, fp32 (tf32) for fp16 ones (common.channel_score_dtype). Qg, Kd, Kg have
-non-positive exponents and leave in the input dtype, as do P and Ab; Ab, and P of a one-product tile, leave through
-shared memory as whole rows.
+The scores exp(gc_i - gc_j) (q_i . k_j) and (k_i . k_j), split by key channel, decided per tile:
+  - calm channels, which decay by at most e^-80 over the tile (gc_last >= -80): one product each of the query
+    operand (Q ⊙ exp gc) and of the key rows' operand (K ⊙ exp gc) with the key operand (K ⊙ exp(-gc)), whose
+    factors stay below e^80 (within the fp32/bf16 exponent range), over the calm channels (the operands hold 0 in
+    the wild ones);
+  - wild channels (gc_last < -80): term by term, exp(gc_i - gc_j) <= 1 formed on its own for every causal pair,
+    added onto the products' accumulators, NWB channels at a time (their gc, q and k staged in shared memory; the
+    set is uniform over the CTA, from a ballot of every warp's lanes, which cover all channels).
+So the scores are exact for any gate; a gate that leaves every channel calm (e.g. FLA's bounded form) costs one
+product each.
+Causal entries only (select, not multiply). The score operands are bf16 for bf16 inputs, fp32 (tf32) for fp16
+ones (common.channel_score_dtype). Qg, Kd, Kg have non-positive exponents and leave in the input dtype, as do P and
+Ab; both leave through shared memory as whole rows.
 Rows past the sequence end are not stored: the next sequence's tile owns them. A's scores go straight from the key
 rows' product into kkt_solve.py's inverse (tile_inverse, blocked, one value head).
 """
-
-import functools
 
 import tilelang.language as T
 
@@ -53,9 +50,8 @@ from .kkt_solve import BLOCK, inverse_buffers, tile_inverse
 THREADS = 128
 VEC = 4  # key channels of a thread (one 8-byte bf16 access a row)
 SUB = 4  # rows of a run landed in registers at once
-DECAY_LIMIT = 80.0  # the one-product scores while no channel decays by more than e^-80 over the tile
-NB = TILE // BLOCK
-ROW_BLOCKS = tuple(range(NB))  # a Python tuple: the loop over it unrolls when the kernel is parsed
+DECAY_LIMIT = 80.0  # a channel is calm (in the products) while it decays by at most e^-80 over the tile
+NWB = 8  # wild channels staged at a time
 
 
 def gla_factors_kernel(K: int, dtype: str, gate_in: tuple | None, delta: bool = False) -> T.PrimFunc:
@@ -80,55 +76,41 @@ def gla_factors_kernel(K: int, dtype: str, gate_in: tuple | None, delta: bool = 
     min_blocks = 2 if score_dtype == accum else 3
 
     @T.macro
-    def unit_lower_rows(KK, lo, hi, rows, beta_s, Xd, Lo, M10, steep=False, dg_s=None):
-        """Rows [lo, hi) of I + L, L_ij = beta_i (Gamma ⊙ K K^T)_ij for i > j (KK: the key rows' scores; where steep,
-        dg_s[1] in their diagonal 16x16 block), into the inverse's buffers (kkt_solve.inverse_buffers): the diagonal
-        16x16 blocks (Xd), -L_10 of each 32 half (Lo), -M_10 (M10); rows past the sequence end hold 0 (select: their
-        exponent is unbounded)."""
+    def unit_lower_rows(KK, rows, beta_s, Xd, Lo, M10):
+        """I + L, L_ij = beta_i (Gamma ⊙ K K^T)_ij for i > j (KK: the key rows' scores), into the inverse's buffers
+        (kkt_solve.inverse_buffers): the diagonal 16x16 blocks (Xd), -L_10 of each 32 half (Lo), -M_10 (M10); rows
+        past the sequence end hold 0."""
         for i, j in T.Parallel(C, C):
-            if lo <= i and i < hi:
-                kk = KK[i, j]
-                if dg_s is not None:
-                    kk = T.if_then_else(steep and i // BLOCK == j // BLOCK, dg_s[1, i % BLOCK, j % BLOCK], kk)
-                L = T.if_then_else(i < rows and j < i, beta_s[i] * kk, 0.0)
-                if i // BLOCK == j // BLOCK:
-                    Xd[i // BLOCK, i % BLOCK, j % BLOCK] = T.if_then_else(i == j, 1.0, L)
-                elif i // BLOCK % 2 == 1 and j // BLOCK == i // BLOCK - 1:
-                    Lo[i // (2 * BLOCK), i % BLOCK, j % BLOCK] = -L
-                elif i >= 2 * BLOCK and j < 2 * BLOCK:
-                    M10[0, i - 2 * BLOCK, j] = -L
+            L = T.if_then_else(i < rows and j < i, beta_s[i] * KK[i, j], 0.0)
+            if i // BLOCK == j // BLOCK:
+                Xd[i // BLOCK, i % BLOCK, j % BLOCK] = T.if_then_else(i == j, 1.0, L)
+            elif i // BLOCK % 2 == 1 and j // BLOCK == i // BLOCK - 1:
+                Lo[i // (2 * BLOCK), i % BLOCK, j % BLOCK] = -L
+            elif i >= 2 * BLOCK and j < 2 * BLOCK:
+                M10[0, i - 2 * BLOCK, j] = -L
 
     @T.macro
-    def diagonal_scores(a, q, k, start, rows, hq, gl, r0, d0, Q_s, G_s, dg_s):
-        """dg_s[0, i, j] <- sum_d q_id k_jd exp(gc_id - gc_jd) and, with the delta rule, dg_s[1, i, j] <- the same
-        with k_id for q_id, for rows i, j of row block a (j <= i; entries j > i are finite and stale), each term's
-        exponent on its own: exact for any gate. Staged after the block's products, in memory they no longer read:
-        gc of the block's rows and its raw k in G_s (the key operand's memory viewed as float32), its raw q in Q_s's
-        rows of the block. Thread tx forms the entries (tx // 8, tx % 8 + 8 h), h = 0, 1, the channels in an order
-        rotated by tx (conflict-free shared reads)."""
-        if r0 // BLOCK == a:
-            for i in T.unroll(run):
-                for v in T.vectorized(VEC):
-                    G_s[r0 % BLOCK + i, d0 + v] = gl[i, v]
-        for i, d in T.Parallel(BLOCK, K):
-            G_s[BLOCK + i, d] = T.if_then_else(a * BLOCK + i < rows, T.cast(k[0, start + a * BLOCK + i, hq, d], accum),
-                                               0.0)
-            Q_s[a * BLOCK + i, d] = T.if_then_else(a * BLOCK + i < rows, q[0, start + a * BLOCK + i, hq, d], 0.0)
-        tx = T.get_thread_binding()
-        i = tx // (BLOCK // 2)
-        acc = T.alloc_local((2, 2), accum)  # [q or k rows, h]
-        for x, h in T.grid(2, 2):
-            acc[x, h] = 0.0
-        for dd in T.serial(K):
-            d = (dd + tx) % K
-            for h in T.unroll(2):
-                j = tx % (BLOCK // 2) + h * (BLOCK // 2)
-                f = G_s[BLOCK + j, d] * T.exp2(T.min(G_s[i, d] - G_s[j, d], 0.0))
-                acc[0, h] += T.cast(Q_s[a * BLOCK + i, d], accum) * f
-                if delta:
-                    acc[1, h] += G_s[BLOCK + i, d] * f
-        for x, h in T.grid(2, 2):
-            dg_s[x, i, tx % (BLOCK // 2) + h * (BLOCK // 2)] = acc[x, h]
+    def wild_scores(wild, slots, num_wild, q, k, start, rows, hq, gl, r0, d0, Gw_s, Qw_s, Kw_s, P_f, KK):
+        """P_f[i, j] += sum_d q_id k_jd exp(gc_id - gc_jd) and, with the delta rule, KK[i, j] += the same with k_id
+        for q_id, over the wild channels d (wild[v]: the thread's channel d0 + v is wild, slots[v] its index among
+        the num_wild), each exponent <= 0 on its own (entries j > i: stale, finite). NWB channels at a time: their
+        owners stage gc (from registers) and q, k (again from global memory) as [NWB, C] rows."""
+        for grp in T.serial(T.ceildiv(num_wild, NWB)):
+            for v in T.unroll(VEC):
+                w = slots[v] - grp * NWB
+                if wild[v] != 0 and 0 <= w and w < NWB:
+                    for i in T.unroll(run):
+                        Gw_s[w, r0 + i] = gl[i, v]
+                        Qw_s[w, r0 + i] = T.if_then_else(r0 + i < rows, T.cast(q[0, start + r0 + i, hq, d0 + v], accum),
+                                                         0.0)
+                        Kw_s[w, r0 + i] = T.if_then_else(r0 + i < rows, T.cast(k[0, start + r0 + i, hq, d0 + v], accum),
+                                                         0.0)
+            for w in T.serial(T.min(NWB, num_wild - grp * NWB)):
+                for i, j in T.Parallel(C, C):
+                    f = Kw_s[w, j] * T.exp2(T.min(Gw_s[w, i] - Gw_s[w, j], 0.0))
+                    P_f[i, j] += Qw_s[w, i] * f
+                    if delta:
+                        KK[i, j] += Kw_s[w, i] * f
 
     @T.macro
     def store_rows(out_s, dst, start, rows, hv, column_scale=None):
@@ -158,13 +140,12 @@ def gla_factors_kernel(K: int, dtype: str, gate_in: tuple | None, delta: bool = 
             dst[0, start + row, hv, d0 + v] = x[v]
 
     @T.macro
-    def form_rows(one_product, Q_s, Kr_s, Kq_s, gl, last, R, qv, kv, xq, xr, xk, xg, xd, xh, r0, d0, start, rows, hv,
-                  Qg, Kd, Kg):
+    def form_rows(Q_s, Kr_s, Kq_s, gl, last, wild, qv, kv, xq, xr, xk, xg, xd, xh, r0, d0, start, rows, hv, Qg, Kd,
+                  Kg):
         """The thread's rows r0 + [0, run) and channels d0 + [0, VEC), SUB rows at a time: Qg, Kd, Kg (delta rule)
         to global memory (rows before the sequence end), and in place of the landed q and k the scores' operands:
-        one_product (a Python bool) the query operand Qg, the key operand K ⊙ exp(-gc) and the key rows' operand Kg;
-        else the query and key rows' operands against the row block's reference R (the key operand is formed per
-        row block by the caller)."""
+        the query operand Q ⊙ exp(gc), the key operand K ⊙ exp(-gc) and the key rows' operand K ⊙ exp(gc), 0 in a
+        wild channel (select: its exp(-gc) may be inf)."""
         for sb in T.unroll(run // SUB):
             land_rows(Q_s, Kr_s, r0 + sb * SUB, d0, qv, kv)
             for i in T.unroll(SUB):
@@ -174,18 +155,13 @@ def gla_factors_kernel(K: int, dtype: str, gate_in: tuple | None, delta: bool = 
                     xg[v] = qv[i, v] * T.exp2(e)
                     xd[v] = kv[i, v] * T.exp2(last[v] - e)
                     xh[v] = kv[i, v] * T.exp2(e)
-                    if one_product:
-                        xq[v] = qv[i, v] * T.exp2(e)
-                        xr[v] = kv[i, v] * T.exp2(-e)
-                        xk[v] = kv[i, v] * T.exp2(e)
-                    else:
-                        xq[v] = qv[i, v] * T.exp2(e - R[v])
-                        xk[v] = kv[i, v] * T.exp2(e - R[v])
+                    xq[v] = T.if_then_else(wild[v] != 0, 0.0, qv[i, v] * T.exp2(e))
+                    xr[v] = T.if_then_else(wild[v] != 0, 0.0, kv[i, v] * T.exp2(-e))
+                    xk[v] = T.if_then_else(wild[v] != 0, 0.0, kv[i, v] * T.exp2(e))
                 for v in T.vectorized(VEC):
                     Q_s[row, d0 + v] = xq[v]
-                if one_product:
-                    for v in T.vectorized(VEC):
-                        Kr_s[row, d0 + v] = xr[v]
+                for v in T.vectorized(VEC):
+                    Kr_s[row, d0 + v] = xr[v]
                 if delta:
                     for v in T.vectorized(VEC):
                         Kq_s[row, d0 + v] = xk[v]
@@ -226,17 +202,22 @@ def gla_factors_kernel(K: int, dtype: str, gate_in: tuple | None, delta: bool = 
             locate_tile(slot, cu_seqlens, num_bounds, dense_len, search_steps, bounds)
             start = bounds[0]
             end = bounds[1]
-            least = T.alloc_var(accum)
+            num_wild = T.alloc_var("int32")
             if start < end:
                 rows = T.min(end - start, C)
                 Q_s = T.alloc_shared((C, K), score_dtype)  # q; then the scores' query operand
                 Kr_s = T.alloc_shared((C, K), score_dtype)  # k; then the scores' key operand; then P's and A's staging
                 out_s = T.view(Kr_s, staging, dtype)
-                ref_s = T.alloc_shared((NB + 1, K), accum)  # log2(e) gc at each row block's first row; at the last row
-                part_s = T.alloc_shared((C // run, K), accum)  # gate_column's run totals
+                last_s = T.alloc_shared((K,), accum)  # log2(e) gc at the tile's last row
+                part_s = T.alloc_shared((C // run, K), accum)  # gate_column's run totals; then the wild channels' gc
+                Gw_s = T.view(part_s, (NWB, C), accum)
+                Qw_s = T.alloc_shared((NWB, C), accum)  # the wild channels' q and k
+                Kw_s = T.alloc_shared((NWB, C), accum)
                 gl = T.alloc_local((run, VEC), accum)  # log2(e) gc of the thread's rows and channels
                 last = T.alloc_local((VEC,), accum)  # log2(e) gc_last of the thread's channels
-                R = T.alloc_local((VEC,), accum)  # log2(e) gc at the first row of the run's 16-row block
+                wild = T.alloc_local((VEC,), "int32")  # whether each of them is wild; its index among the wild
+                slots = T.alloc_local((VEC,), "int32")
+                masks = T.alloc_local((VEC,), "uint32")  # the wild channels d0 + v over the lanes owning d0
                 qv = T.alloc_local((SUB, VEC), score_dtype)  # q and k of SUB rows, as landed
                 kv = T.alloc_local((SUB, VEC), score_dtype)
                 xq = T.alloc_local((VEC,), score_dtype)  # a row's query operand, key operand, key rows' operand
@@ -246,10 +227,7 @@ def gla_factors_kernel(K: int, dtype: str, gate_in: tuple | None, delta: bool = 
                 xd = T.alloc_local((VEC,), dtype)
                 xh = T.alloc_local((VEC,), dtype)
                 P_f = T.alloc_fragment((C, C), accum)
-                xs = T.alloc_local((VEC,), accum)  # a thread's channels' decay over a row block
-                G_s = T.view(Kr_s, (C * K * (4 if score_dtype == accum else 2) // (4 * K), K), accum)
-                dg_s = T.view(part_s, (2, BLOCK, BLOCK), accum)  # diagonal_scores' entries of a steep row block
-                Kq_s = None
+                Kq_s = KK = None
                 if delta:
                     Kq_s = T.alloc_shared((C, K), score_dtype)  # the key rows' operand of K K^T's scores
                     beta_s = T.alloc_shared((C,), accum)
@@ -263,62 +241,36 @@ def gla_factors_kernel(K: int, dtype: str, gate_in: tuple | None, delta: bool = 
                     for i in T.Parallel(C):
                         beta_s[i] = T.if_then_else(i < rows, beta[0, start + i, hv], 0.0)
                 gate_column(g, params, gate_scale, start, end, hv, K, gl, part_s, form)
-                if r0 % BLOCK == 0:
-                    for v in T.vectorized(VEC):
-                        ref_s[r0 // BLOCK, d0 + v] = gl[0, v]
                 if r0 + run == C:
                     for v in T.vectorized(VEC):
-                        ref_s[NB, d0 + v] = gl[run - 1, v]
+                        last_s[d0 + v] = gl[run - 1, v]
                     for v in T.unroll(VEC):
                         last[v] = T.exp2(gl[run - 1, v])
                     for v in T.vectorized(VEC):
                         D[slot, hv, d0 + v] = last[v]
                 for v in T.vectorized(VEC):
-                    last[v] = ref_s[NB, d0 + v]
-                    R[v] = ref_s[r0 // BLOCK, d0 + v]
-                # every warp's lanes cover all key channels: its least gc_last is the tile's
-                least = T.warp_reduce_min(functools.reduce(T.min, [last[v] for v in range(VEC)]))
-                if least >= -DECAY_LIMIT * LOG2E:  # one product each: the tile's factors stay below e^80
-                    form_rows(True, Q_s, Kr_s, Kq_s, gl, last, R, qv, kv, xq, xr, xk, xg, xd, xh, r0, d0, start, rows,
-                              hv, Qg, Kd, Kg)
-                    T.gemm(Q_s, Kr_s, P_f, transpose_B=True, clear_accum=True)
-                    if delta:
-                        T.gemm(Kq_s, Kr_s, KK, transpose_B=True, clear_accum=True)
-                        unit_lower_rows(KK, 0, C, rows, beta_s, inv.Xd, inv.Lo, inv.M10)
-                    for i, j in T.Parallel(C, C):  # whole rows through the key operand's memory, dead now
-                        out_s[i, 0, j] = T.if_then_else(j <= i, P_f[i, j] * scale, 0)
-                    store_rows(out_s, P, start, rows, hv)
-                else:  # row block a against its reference R_a = gc at its first row
-                    form_rows(False, Q_s, Kr_s, Kq_s, gl, last, R, qv, kv, xq, xr, xk, xg, xd, xh, r0, d0, start, rows,
-                              hv, Qg, Kd, Kg)
-                    for a in ROW_BLOCKS[::-1]:
-                        if r0 < (a + 1) * BLOCK:  # k again (Kr_s holds the block after's operand); later rows stale
-                            for i in T.unroll(run):
-                                for v in T.vectorized(VEC):
-                                    xg[v] = T.if_then_else(r0 + i < rows, k[0, start + r0 + i, hq, d0 + v], 0.0)
-                                for v in T.unroll(VEC):
-                                    xr[v] = xg[v] * T.exp2(ref_s[a, d0 + v] - gl[i, v])
-                                for v in T.vectorized(VEC):
-                                    Kr_s[r0 + i, d0 + v] = xr[v]
-                        T.gemm(Q_s, Kr_s, P_f, transpose_B=True, clear_accum=True)
-                        if delta:
-                            T.gemm(Kq_s, Kr_s, KK, transpose_B=True, clear_accum=True)
-                        # block a is steep where a channel decays by more than e^-80 from its first row to the next
-                        # block's (ref_s[NB]: the last row); every warp's lanes cover all channels
-                        for v in T.unroll(VEC):
-                            xs[v] = ref_s[a, d0 + v] - ref_s[a + 1, d0 + v]
-                        steep = T.warp_reduce_max(functools.reduce(T.max, [xs[v] for v in range(VEC)]))
-                        is_steep = steep > DECAY_LIMIT * LOG2E
-                        if is_steep:
-                            diagonal_scores(a, q, k, start, rows, hq, gl, r0, d0, Q_s, G_s, dg_s)
-                        for i, j in T.Parallel(C, C):  # from the fragment: Kr_s is the next block's operand
-                            if i // BLOCK == a and i < rows:
-                                p = T.if_then_else(is_steep and j // BLOCK == a, dg_s[0, i % BLOCK, j % BLOCK],
-                                                   P_f[i, j])
-                                P[0, start + i, hv, j] = T.if_then_else(j <= i, p * scale, 0)
-                        if delta:
-                            unit_lower_rows(KK, a * BLOCK, (a + 1) * BLOCK, rows, beta_s, inv.Xd, inv.Lo, inv.M10,
-                                            is_steep, dg_s)
+                    last[v] = last_s[d0 + v]
+                # the wild channels: lane l < K / VEC of every warp owns channels VEC l + [0, VEC)
+                lane = tx % (K // VEC)
+                for v in T.unroll(VEC):
+                    wild[v] = T.if_then_else(last[v] < -DECAY_LIMIT * LOG2E, 1, 0)
+                    masks[v] = T.cast(T.ballot(wild[v]), "uint32") & T.uint32((1 << (K // VEC)) - 1)
+                num_wild = 0
+                for v in T.unroll(VEC):
+                    slots[v] = num_wild + T.popcount(masks[v] & ((T.uint32(1) << T.cast(lane, "uint32")) - 1))
+                    num_wild = num_wild + T.popcount(masks[v])
+                form_rows(Q_s, Kr_s, Kq_s, gl, last, wild, qv, kv, xq, xr, xk, xg, xd, xh, r0, d0, start, rows, hv,
+                          Qg, Kd, Kg)
+                T.gemm(Q_s, Kr_s, P_f, transpose_B=True, clear_accum=True)
+                if delta:
+                    T.gemm(Kq_s, Kr_s, KK, transpose_B=True, clear_accum=True)
+                if num_wild > 0:
+                    wild_scores(wild, slots, num_wild, q, k, start, rows, hq, gl, r0, d0, Gw_s, Qw_s, Kw_s, P_f, KK)
+                if delta:
+                    unit_lower_rows(KK, rows, beta_s, inv.Xd, inv.Lo, inv.M10)
+                for i, j in T.Parallel(C, C):  # whole rows through the key operand's memory, dead now
+                    out_s[i, 0, j] = T.if_then_else(j <= i, P_f[i, j] * scale, 0)
+                store_rows(out_s, P, start, rows, hv)
 
                 if delta:
                     invert(inv.Xd, inv.Lo, inv.M10, inv.X00, inv.X11, inv.F32, inv.T16, inv.row, inv.Q_a, inv.Q_b,
