@@ -55,8 +55,7 @@ def verify(name: str, *args, **kwargs) -> tuple[bool, str | None]:
         return False, "allow_neg_eigval without use_beta_sigmoid_in_kernel: FLA raises"
     if x["use_gate_in_kernel"] and x["A_log"] is None and x.get("lower_bound") is None:
         return False, "use_gate_in_kernel without A_log: FLA raises"
-    bound = x.get("lower_bound")
-    if x["use_gate_in_kernel"] and x.get("safe_gate") and not (bound is not None and -5 <= bound < 0):
+    if x["use_gate_in_kernel"] and x.get("safe_gate") and not ops.safe_gate_bound(x.get("lower_bound")):
         return False, "safe_gate with use_gate_in_kernel outside -5 <= lower_bound < 0: FLA raises"
     q, k, v, g, beta, h0 = (x[n] for n in ("q", "k", "v", "g", "beta", "initial_state"))
     if x["state_v_first"] or extra.get("transpose_state_layout"):

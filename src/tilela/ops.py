@@ -50,6 +50,11 @@ def _hopper(*tensors):
     return hopper if hopper.available(*present) else None
 
 
+def safe_gate_bound(lower_bound: float | None) -> bool:
+    """Whether FLA's safe_gate takes this lower_bound with the in-kernel gate: -5 <= lower_bound < 0."""
+    return lower_bound is not None and -5 <= lower_bound < 0
+
+
 def _check(q, k, v, g, g_kind, beta, needs_beta, scale, initial_state, cu_seqlens, cu_seqlens_cpu):
     """(dims, scale as a float or None) of a validated call."""
     dims = V.check_attention(q=q, k=k, v=v, g=g, g_kind=g_kind, beta=beta, needs_beta=needs_beta,
@@ -355,7 +360,7 @@ def chunk_kda(
     if V.check_flag("use_gate_in_kernel", use_gate_in_kernel):
         if A_log is None and lower_bound is None:
             raise ValueError("A_log: required when use_gate_in_kernel=True and lower_bound is not set")
-        if safe_gate and not (lower_bound is not None and -5 <= lower_bound < 0):
+        if safe_gate and not safe_gate_bound(lower_bound):
             raise ValueError(f"lower_bound: safe_gate with use_gate_in_kernel needs -5 <= lower_bound < 0, "
                              f"got {lower_bound}")
         g = _gate_shape(g, v, True, q.shape[-1])
