@@ -68,6 +68,11 @@ CASES = [
     ("ws_split_full", "scalar", False, 128, "float16", None, (True, False, True)),
     ("ws_split_half", "none", False, 128, "bfloat16", None, (True, False, True)),
     ("ws_split_quarter", "scalar", False, 128, "bfloat16", None, (True, False, True)),
+    # GDN's split under the warm-up table: the transitions where it leaves them, the outputs from the warm-up start
+    ("ws_warmsplit_full", "scalar", True, 128, "bfloat16", "float32", FLAGS[0]),
+    ("ws_warmsplit_half", "scalar", True, 64, "float16", "float16", FLAGS[0]),
+    ("ws_warm_quarter", "scalar", True, 128, "bfloat16", "float32", FLAGS[0]),
+    ("ws_warm_full", "scalar", True, 64, "float16", "float32", (True, True, False)),
     ("chunk_fwd", "scalar", True, 128, "float16", "float16", FLAGS[0]),  # GDN with a half-precision beta
     ("chunk_fwd", "scalar", True, 256, "bfloat16", "float32", FLAGS[0]),
     ("chunk_fwd", "scalar", True, 256, "float16", "float32", FLAGS[1]),
@@ -98,10 +103,10 @@ def _lower(case):
         func = chunk_fwd_kernel(K, K, K**-0.5, gate, delta, dtype, beta_dtype or "float32", *flags,
                                 *loop_tiles(K, gate, delta, dtype))
     elif kind.startswith("ws"):
-        split = kind.startswith("ws_split")
+        split = kind.startswith(("ws_split", "ws_warmsplit"))
         V = 2 * K if split and delta else K  # the transitions' [V | 0] value with the delta rule
         func = chunk_fwd_ws_kernel(K, V, K**-0.5, gate, delta, dtype, beta_dtype or "float32", *flags,
-                                   K // DV_FRACTION[kind.rsplit("_", 1)[1]], not split)
+                                   K // DV_FRACTION[kind.rsplit("_", 1)[1]], not split, kind.startswith("ws_warm"))
     else:
         func = linear_attn_seq_in_grid_kernel(H, HV, K, K, K**-0.5, dtype, *flags)
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})

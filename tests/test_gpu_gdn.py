@@ -130,3 +130,71 @@ def test_gdn_sequence_split_matches_reference(name):
     err_o, err_s = run_case(**SPLIT_CASES[name])
     assert err_o < TOL, f"o rel L2 {err_o:.3e}"
     assert err_s < TOL, f"final state rel L2 {err_s:.3e}"
+
+
+def _warmup_gate(T, HV, gen):
+    """Heads decaying fast (-4 a token), moderately (-0.05: six chunks of warm-up), weakly (-0.002: none within a
+    segment) and not at all, in turn."""
+    per_token = torch.tensor([-4.0, -0.05, -0.002, 0.0]).repeat(HV)[:HV]
+    return per_token * (0.5 + torch.rand(1, T, HV, generator=gen))
+
+
+@pytest.mark.parametrize("segment_chunks", [3, 8])
+def test_warmup_table_kernel_matches_reference(segment_chunks):
+    """warmup.py against reference.warmup_table, entry for entry: varlen with an empty and a 1-token sequence,
+    sequences of up to 47 chunks (several blocks of 16 chunk-end loads), every kind of head."""
+    from tilela.kernels.hopper.launch import launch_warmup
+    from tilela.kernels.hopper.seq_split import segment_table
+
+    lengths = [3000, 1, 0, 700, 1500]
+    gen = torch.Generator().manual_seed(segment_chunks)
+    g = _warmup_gate(sum(lengths), 8, gen)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+    gc = reference.chunk_local_cumsum(g, 64, cu).float()
+    table = segment_table(SegmentPlan.of(lengths, segment_chunks), torch.device("cuda"))
+    warm = launch_warmup(gc.cuda(), table.cu_segments, table.first, segment_chunks)
+    ref = reference.warmup_table(gc, table.cu_segments.cpu(), table.first.cpu(), segment_chunks)
+    assert torch.equal(warm.cpu().long(), ref)
+    assert (ref[0] >= 1).any() and (ref[0] == -1).any()
+
+
+WARMUP_CASES = {  # GDN's split under the warm-up against the unsplit pass on the same inputs
+    "varlen_gva2_seg8": dict(lengths=[3000, 1, 0, 700, 1500], H=4, HV=8, segment_chunks=8),
+    "dense_seg3_fp16": dict(lengths=[2000, 2000], H=2, HV=4, segment_chunks=3, dtype=torch.float16),
+    "long_seg16_no_h0": dict(lengths=[16384], H=2, HV=8, segment_chunks=16, use_h0=False),
+}
+
+
+@pytest.mark.parametrize("name", list(WARMUP_CASES))
+def test_gdn_split_with_warmup_matches_unsplit(name):
+    """The split's outputs and final states (fp32) against the unsplit pass's on the same inputs, and both against
+    float64: heads that warm up from a zero state, heads that take the transitions, heads entering from the
+    initial state. The warm-up drops the past at e^-17 of the state: the split and unsplit states differ by the
+    pass's own rounding only."""
+    case = dict(WARMUP_CASES[name])
+    lengths, H, HV, segment_chunks = case["lengths"], case["H"], case["HV"], case["segment_chunks"]
+    dtype, K = case.get("dtype", torch.bfloat16), 128
+    varlen = len(lengths) > 2 or lengths[0] != lengths[-1]
+    B, T = (1, sum(lengths)) if varlen else (len(lengths), lengths[0])
+    gen = torch.Generator().manual_seed(len(name))
+    q, k, v, _, beta, h0 = make_inputs(B, T, H, HV, K, dtype, torch.float32, "decay", len(name))
+    g = _warmup_gate(B * T, HV, gen).reshape(B, T, HV)
+    h0 = h0[:1].expand(len(lengths), -1, -1, -1).contiguous() if case.get("use_h0", True) else None
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()]) if varlen else None
+    gc = reference.chunk_local_cumsum(g, 64, cu_seqlens=cu)
+    A = reference.kkt_solve(k, beta, g=gc, chunk_size=64, cu_seqlens=cu)
+    o_ref, ht_ref = reference.chunked(q, k, v, g=g, beta=beta, scale=K**-0.5, initial_state=h0, cu_seqlens=cu)
+    dev = [x.cuda() for x in (q, k, v, gc.float(), beta, A.to(dtype))]
+    h0d = None if h0 is None else h0.float().cuda()
+    cud = None if cu is None else cu.to(torch.int32).cuda()
+    runs = []
+    for split in (None, SegmentPlan.of(lengths, segment_chunks)):
+        plan = hopper.plan_call(dev[0], dev[2], dev[3], dev[4], K**-0.5, gate="scalar", lengths=lengths,
+                                initial_state=h0 is not None, output_final_state=True, varlen=varlen,
+                                g_input="cumsum", split=split)
+        assert (plan.split is not None and plan.output.warmup) == (split is not None)
+        o, ht = hopper.forward(plan, *dev[:5], h0d, cud, A=dev[5])
+        runs.append((o.float(), ht))
+    (o0, S0), (o1, S1) = runs
+    assert rel_l2(S1, S0) < 1e-3 and rel_l2(o1, o0) < 1e-3, (rel_l2(S1, S0), rel_l2(o1, o0))
+    assert rel_l2(o1, o_ref) < TOL and rel_l2(S1, ht_ref) < TOL

@@ -68,12 +68,12 @@ def _plan(**kw):
 
 
 def test_gdn_plan_names_its_stages_once():
-    plan = _plan(H=2, HV=8, lengths=[8192], tokens=8192)
+    plan = _plan(H=2, HV=8, lengths=[2048], tokens=2048)
     assert plan.cumsum == (64, "float32", "log") and plan.kkt == (64, "blocked", "bfloat16", "scalar", 2)
     assert plan.factors is None and plan.split is None and plan.combine is None
     (cfg,) = plan.passes
     assert cfg.kernel == "ws" and cfg.args == (128, 128, 1.0, "scalar", True, "bfloat16", "float32", False, False,
-                                               True, 32, True)
+                                               True, 32, True, False)
 
 
 def test_gla_plan_sums_the_gate_in_its_factors():
@@ -116,9 +116,13 @@ def test_split_plan_has_transitions_then_outputs():
     assert delta.split.segment_chunks == 64 and delta.combine is None
     assert (transitions.V, transitions.store_output, transitions.use_initial_state) == (256, False, True)
     assert (outputs.V, outputs.store_output, outputs.is_varlen, outputs.store_final_state) == (128, True, True, True)
+    assert transitions.warmup and outputs.warmup  # GDN's split: both passes read the warm-up table
     plain = _plan(gate="none", delta=False, HV=16, H=16, lengths=[8192], tokens=8192, output_final_state=False)
     transitions, outputs = plain.passes
     assert plain.combine == (128, 128, "none", False) and transitions.V == 128 and not outputs.store_final_state
+    assert not transitions.warmup and not outputs.warmup
+    ungated = _plan(gate="none", HV=4, H=4, lengths=[30000], tokens=30000)
+    assert ungated.split is not None and not ungated.output.warmup  # delta_rule: no decay to bound a warm-up
 
 
 def test_unknown_kernel_is_rejected():

@@ -39,18 +39,18 @@ def test_segment_plan_rejects_empty_segments():
 
 
 @pytest.mark.parametrize("lengths,heads,gate,delta,segment_chunks", [
-    ([32768], 8, "scalar", True, 64),  # GDN, 32 CTAs of K / 4 for 512 chunks: 8 segments, 0.52 against 0.95 ms
-    ([32768], 16, "scalar", True, None),  # 64 CTAs of K / 4: the split's gain stays within the margin
-    ([32768], 32, "scalar", True, None),  # the split's extra pass outweighs what the extra CTAs bring
-    ([8192], 8, "scalar", True, None),
+    ([32768], 8, "scalar", True, 64),  # GDN, 32 CTAs of K / 4 for 512 chunks: 8 segments, 0.26 against 0.95 ms
+    ([32768], 16, "scalar", True, 64),  # under the warm-up the decaying heads skip the transitions
+    ([32768], 32, "scalar", True, 128),  # a quarter of the heads through the transitions: 0.90 against 0.95 ms
+    ([8192], 8, "scalar", True, 16),
     ([32768], 16, "scalar", False, 64),  # the plain update's transitions are cheaper: V alone
     ([8192], 16, "none", False, 32),  # ladder level 1: split at 16 heads (K / 2 blocks), not at 32
     ([8192], 16, "scalar", False, 16),  # level 2: K blocks (its Vd writers make K / 2 dearer)
     ([8192], 32, "scalar", False, None),
     ([32768], 16, "none", False, 128),
-    ([10000, 1, 190], 4, "scalar", True, 16),  # the layouts the GPU tests split (tests/test_gpu_ops.py)
-    ([10000, 1, 190], 4, "scalar", False, 8),
-    ([30000, 1, 190], 4, "none", True, 16),
+    ([10000, 1, 190], 4, "scalar", True, 27),  # the layouts the GPU tests split (tests/test_gpu_ops.py)
+    ([10000, 1, 190], 4, "scalar", False, 14),  # the sequence cut into 12 segments
+    ([30000, 1, 190], 4, "none", True, 40),
     ([10000, 1, 190], 4, "none", True, None),  # delta_rule: K / 8 blocks fill the GPU unsplit
     ([32768], 16, "none", True, None),
     ([8192], 4, "scalar", True, 16),
@@ -158,3 +158,66 @@ def test_split_forward_matches_unsplit(gate, delta, segment_chunks, layout):
             o_ref, S_ref = reference.chunked(**dict(p, initial_state=None))
         torch.testing.assert_close(o.double(), o_ref, rtol=0, atol=1e-9)
         torch.testing.assert_close(S.double(), S_ref, rtol=0, atol=1e-9)
+
+
+def test_warmup_table_takes_the_fewest_chunks_that_bound_the_past():
+    """reference.warmup_table (the warm-up kernel's stage) on heads decaying by -20, -10, -6 and 0 per chunk, two-chunk
+    segments: one chunk of warm-up, two, none within max_chunks (the sequence's initial state where it is at most
+    two chunks back, else the transitions for the whole (sequence, head)), none at all."""
+    lengths = [640, 1, 300]
+    plan = SegmentPlan.of(lengths, 2)  # segments 0-4, 5, 6-8
+    table = segment_table(plan, torch.device("cpu"))
+    per_token = torch.tensor([-20.0, -10.0, -6.0, 0.0]) / 64
+    g = per_token.expand(1, sum(lengths), 4).clone()
+    gc = reference.chunk_local_cumsum(g, 64, torch.tensor([0, *accumulate(lengths)])).float()
+    warm = reference.warmup_table(gc, table.cu_segments, table.first, max_chunks=2)
+    assert warm[0].T.tolist() == [[0, 1, 1, 1, 1, 0, 0, 1, 1],
+                                  [0, 2, 2, 2, 2, 0, 0, 2, 2],
+                                  [-1, -1, -1, -1, -1, 0, -1, -1, -1],
+                                  [-1, -1, -1, -1, -1, 0, -1, -1, -1]]
+    assert warm[1].T.tolist() == [[0, -1, -1, -1, -1, 5, 6, -1, -1],
+                                  [0, -1, -1, -1, -1, 5, 6, -1, -1],
+                                  [0, 1, 2, 3, 4, 5, 6, 7, 8],
+                                  [0, 1, 2, 3, 4, 5, 6, 7, 8]]
+    # within reach of the sequence start, a head too weak to bound the warm-up enters from the initial state
+    short = reference.warmup_table(gc[:, :640], table.cu_segments[:3], torch.tensor([0, 2]), max_chunks=2)
+    assert short[:, :, 2].tolist() == [[0, 2], [0, 0]]
+
+
+@pytest.mark.parametrize("segment_chunks", [1, 2, 3])
+def test_split_forward_with_warmup_matches_unsplit(segment_chunks):
+    """GDN's split under the warm-up with float64 stand-ins: the transitions' pass (whose (segment, head)s the warm-up
+    takes are set to NaN, so reading one would show) and reference.warmup_outputs, on heads decaying fast (one chunk
+    of warm-up), moderately (two) and not at all (the transitions). Equal to the unsplit reference up to the past
+    the warm-up drops, e^-17 of the state."""
+    lengths = [700, 1, 0, 130, 64]
+    p = _problem(True, True, lengths, G=3)
+    gen = torch.Generator().manual_seed(1)
+    p["g"][..., 1] = F.logsigmoid(torch.randn(1, sum(lengths), generator=gen, dtype=F64) - 1)  # ~ -1.3 a token
+    p["g"][..., 2] = -10.0 / 64  # -10 a chunk
+    plan = SegmentPlan.of(lengths, segment_chunks)
+    gc = reference.chunk_local_cumsum(p["g"], 64, p["cu_seqlens"])
+    A = torch.zeros(*p["v"].shape[:3], 64, dtype=F64)
+    scale = 8 ** -0.5
+    tables = []
+
+    def warmup(g, cu_segments, first, max_chunks):
+        tables.append(reference.warmup_table(g, cu_segments, first, max_chunks))
+        return tables[-1]
+
+    def transitions(q, k, v, g_cumsum, beta, A, h0, cu, warm):
+        _, ht = _stand_in(p["g"], scale)(q, k, v, g_cumsum, beta, A, h0, cu)
+        ht[warm[0] >= 0] = float("nan")
+        return None, ht
+
+    def outputs(q, k, v, g_cumsum, beta, A, h0, cu, warm):
+        return reference.warmup_outputs(q, k, v, p["g"].reshape(1, -1, 3), beta, scale, h0, cu, warm)
+
+    for h0 in (p["initial_state"], None):
+        o_ref, S_ref = reference.chunked(**dict(p, initial_state=h0), scale=scale)
+        o, S = split_forward(transitions, outputs, None, p["q"], p["k"], p["v"], gc, p["beta"], A, h0, True, plan,
+                             warmup)
+        torch.testing.assert_close(o, o_ref, rtol=0, atol=1e-6)
+        torch.testing.assert_close(S, S_ref, rtol=0, atol=1e-6)
+    warm = tables[-1]  # both paths taken: warm-ups from a zero state, and (sequence, head)s through the transitions
+    assert ((warm[0] >= 1) & (warm[1] == -1)).any() and (warm[0] == -1).any()

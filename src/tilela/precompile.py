@@ -5,11 +5,13 @@ its on-disk cache (TILELANG_CACHE_DIR), so a process that finds them there loads
 them beforehand, on any machine with TileLang and nvcc (no GPU needed: the target is sm_90a):
 
   - kkt_solve, chunk_local_cumsum, gla_factors, seq_combine, l2norm: every configuration we ship
-    (kernels.hopper.CUMSUM_CONFIGS, KKT_CONFIGS, GLA_FACTORS_CONFIGS, SEQ_COMBINE_CONFIGS, L2NORM_CONFIGS);
+    (kernels.hopper.CUMSUM_CONFIGS, KKT_CONFIGS, GLA_FACTORS_CONFIGS, SEQ_COMBINE_CONFIGS, L2NORM_CONFIGS), and the
+    split's warm-up table (one configuration);
   - the state/output passes of every attention op at K = V in {64, 128, 256}, bf16 and fp16, with the (varlen,
     initial state, final state) switches the GPU tests and benchmarks use: GDN in both passes (and its
     half-precision beta), the other ops in the pass that serves them, the warp-specialised pass at every DV block
-    it is built for (plan.dv_blocks) and the sequence split's transitions.
+    it is built for (plan.dv_blocks) and the sequence split's transitions and, for GDN, its outputs pass under the
+    warm-up.
 
 Each `Job` records which public ops call its kernel (an attention op uses the 64-token chunk's cumsum and blocked
 kkt_solve), its q/k dtype and K where it has them, so a serving process compiles only what its ops, dtypes and
@@ -32,7 +34,7 @@ ALIASES = {"gdn": "chunk_gated_delta_rule", "kda": "chunk_kda", "delta_rule": "c
 
 
 class Job(NamedTuple):
-    kind: str  # "cumsum", "kkt", "gla", "combine", "l2norm", "chunk_fwd" or "ws"
+    kind: str  # "cumsum", "kkt", "gla", "combine", "l2norm", "warmup", "chunk_fwd" or "ws"
     config: tuple  # the kernel builder's static arguments (compile_one)
     ops: frozenset[str]  # the public ops that call this kernel
     dtype: str | None = None  # q/k dtype, where the kernel has one
@@ -49,7 +51,7 @@ def jobs() -> list[Job]:
     """Every kernel configuration this module compiles (see the module docstring)."""
     from .kernels.hopper import CUMSUM_CONFIGS, GLA_FACTORS_CONFIGS, KKT_CONFIGS, L2NORM_CONFIGS, SEQ_COMBINE_CONFIGS
     from .kernels.hopper.plan import CHUNK as TILE
-    from .kernels.hopper.plan import covers, dv_blocks, ws_covers
+    from .kernels.hopper.plan import covers, dv_blocks, warms, ws_covers
 
     op_of = {level: op for op, level in ATTENTION_OPS.items()}
     gated = frozenset(op for op, (gate, _) in ATTENTION_OPS.items() if gate != "none")
@@ -62,6 +64,7 @@ def jobs() -> list[Job]:
     out += [Job("combine", c, frozenset({op_of[c[2], False]}), K=c[0]) for c in SEQ_COMBINE_CONFIGS]
     l2norm_ops = frozenset(op for op, (_, delta) in ATTENTION_OPS.items() if delta)  # use_qk_l2norm_in_kernel
     out += [Job("l2norm", c, l2norm_ops, dtype=c[1], K=c[0]) for c in L2NORM_CONFIGS]
+    out.append(Job("warmup", (), frozenset({op_of["scalar", True]})))
     switches = [(True, True, True), (False, False, True), (False, True, True), (True, False, True),
                 (False, False, False), (True, True, False)]
     for (gate, delta), K, dtype, flags in itertools.product(ATTENTION_OPS.values(), (128, 64, 256),
@@ -72,12 +75,16 @@ def jobs() -> list[Job]:
                     gate == "channel" or K == 256 or (gate, delta) == ("scalar", True)):
                 out.append(Job("chunk_fwd", (K, gate, delta, dtype, beta_dtype, flags), **level))
             if ws_covers(dtype, K, K, gate, delta):  # what "auto" picks
-                out += [Job("ws", (K, K, gate, delta, dtype, beta_dtype, flags, block_DV, True), **level)
+                out += [Job("ws", (K, K, gate, delta, dtype, beta_dtype, flags, block_DV, True, False), **level)
                         for block_DV in dv_blocks(K, gate, delta)]
+                if warms(gate, delta) and flags[:2] == (True, True):  # the split's outputs under the warm-up
+                    out += [Job("ws", (K, K, gate, delta, dtype, beta_dtype, flags, block_DV, True, True), **level)
+                            for block_DV in dv_blocks(K)]
                 if gate != "channel" and flags == (True, delta, True):  # the state pass alone: the sequence
-                    # split's transitions (value [V | 0] from [0 | I] with the delta rule, V from zero without), the
-                    # state_pass bench's state_only
-                    out += [Job("ws", (K, V, gate, delta, dtype, beta_dtype, flags, block_DV, False), **level)
+                    # split's transitions (value [V | 0] from [0 | I] with the delta rule, under GDN's warm-up; V
+                    # from zero without), the state_pass bench's state_only
+                    out += [Job("ws", (K, V, gate, delta, dtype, beta_dtype, flags, block_DV, False,
+                                       warms(gate, delta) and V == 2 * K), **level)
                             for V in ((K, 2 * K) if delta else (K,)) for block_DV in dv_blocks(K)]
     return out
 
@@ -136,15 +143,15 @@ def compile_one(job: Job) -> Result:
                 K, gate, delta, dtype, beta_dtype, flags = job.config
                 V, tiles = K, loop_tiles(K, gate, delta, dtype)
             else:
-                K, V, gate, delta, dtype, beta_dtype, flags, block_DV, store_output = job.config
-                tiles = (block_DV, store_output)
+                K, V, gate, delta, dtype, beta_dtype, flags, block_DV, store_output, warmup = job.config
+                tiles = (block_DV, store_output, warmup)
             kernel = "loop" if job.kind == "chunk_fwd" else "ws"
             cfg = PassConfig(kernel, K, V, float(K) ** -0.5, gate, delta, dtype, beta_dtype, *flags, tiles)
             launch.compiled(launch.STATE_PASSES[kernel], *cfg.args, warp_specialized=True)
         else:
             builder = {"kkt": launch.kkt_solve_kernel, "cumsum": launch.chunk_local_cumsum_kernel,
                        "gla": launch.gla_factors_kernel, "combine": launch.seq_combine_kernel,
-                       "l2norm": launch.l2norm_kernel}[job.kind]
+                       "l2norm": launch.l2norm_kernel, "warmup": launch.warmup_table_kernel}[job.kind]
             launch.compiled(builder, *job.config)
         return Result(job, time.perf_counter() - t, None)
     except Exception as exc:  # noqa: BLE001 - reported per job: one failing kernel must not stop the others

@@ -14,10 +14,18 @@ No step relies on the decay forgetting the past, so the split is exact for every
 Segments begin at chunk boundaries of their sequence, so the chunk-local gc is that of the whole sequence.
 Without the delta rule M is the scalar m = exp(sum of g over the segment) times I, and step 2 needs only B and m
 (entering_states, the stage kernels.hopper.seq_combine computes).
+
+The warm-up (warmup_table, warmup_outputs; the stages kernels.hopper.warmup and the outputs pass compute): where the
+log decay summed over the w chunks before a segment reaches WARMUP_BOUND, the segment's entering state is, to fp32
+rounding, that of a zero state w chunks back: the past enters it scaled by exp(the sum) <= e^-17 < 2^-24 (the
+delta rule's I - beta k k^T has norm <= 1 while beta ||k||^2 <= 2, as with l2-normalised keys and beta in [0, 1]).
+So such a segment needs no M: the outputs pass starts w chunks early and stores from the segment on. A (sequence,
+head) with a segment the decay does not bound within max_chunks (g = 0 heads) keeps the exact transitions.
 """
 import torch
 
 from ._common import F64, Problem, chunk_slices
+from .chunked import chunked
 from .chunk_math import chunk_forward, wy_form
 from .cumsum import chunk_local_cumsum
 
@@ -53,6 +61,68 @@ def entering_states(B, gc, cu_segments, first, h0, chunk_size=64):
             S = m * S + B[j]
         final[n] = S
     return S_in, final
+
+
+WARMUP_BOUND = -17.0  # summed log decay over a warm-up: e^-17 < 2^-24, fp32's relative rounding
+
+
+def warmup_table(gc, cu_segments, first, max_chunks, chunk_size=64):
+    """The warm-up of every segment and value head as [2, S, HV] int64 (the stage kernels.hopper.warmup computes):
+    table[0] the chunks w the outputs pass starts before the segment (-1: the (sequence, head) takes the
+    transitions), table[1] the row of the entering states it starts from (-1: zero). gc [1, T, HV] the chunk-local
+    cumsum of a scalar log gate, summed in float32 in chunk order; cu_segments, first as entering_states'.
+
+    Segment j of sequence n, first chunk c0 of its sequence: w = the fewest chunks (1 <= w <= max_chunks) whose
+    summed decay is <= WARMUP_BOUND, from zero (w, -1); else (c0, first[n]) from the sequence's initial state when
+    c0 <= max_chunks; else unbounded, and then every segment of the (sequence, head) is (-1, j). A first segment is
+    (0, first[n])."""
+    bounds, first = cu_segments.tolist(), first.tolist()
+    HV = gc.shape[-1]
+    table = torch.empty(2, len(bounds) - 1, HV, dtype=torch.int64)
+    for n in range(len(first) - 1):
+        j0, j1 = first[n], first[n + 1]
+        for h in range(HV):
+            rows = [_warmup(gc[0, :, h].float(), bounds[j], (bounds[j] - bounds[j0]) // chunk_size, j0, max_chunks,
+                            chunk_size) for j in range(j0, j1)]
+            if None in rows:
+                rows = [(-1, j) for j in range(j0, j1)]
+            table[:, j0:j1, h] = torch.tensor(rows, dtype=torch.int64).T
+    return table
+
+
+def _warmup(gc, start, c0, j0, max_chunks, chunk_size):
+    """(w, entering row) of one segment starting at token start, chunk c0 of its sequence; None: unbounded."""
+    total = torch.zeros((), dtype=torch.float32)
+    for w in range(1, min(c0, max_chunks) + 1):
+        total = total + gc[start - (w - 1) * chunk_size - 1]
+        if total <= WARMUP_BOUND:
+            return w, -1
+    return (c0, j0) if c0 <= max_chunks else None
+
+
+def warmup_outputs(q, k, v, g, beta, scale, S_in, cu_segments, table, chunk_size=64):
+    """The outputs pass under a warm-up table, float64 (o [1, T, HV, V], final states [S, HV, K, V]): segment s and
+    value head h run from table[0, s, h] chunks before the segment (0 where it is -1) from S_in[table[1, s, h]] (zero
+    where -1) to the segment's end; o keeps the segment's own rows. Inputs in the varlen layout [1, T, ...], g the
+    raw scalar log gate (a warm-up starts at a chunk boundary of the sequence, so its chunk-local cumsum is the
+    call's)."""
+    bounds = cu_segments.tolist()
+    HV, V = v.shape[2:]
+    group = HV // q.shape[2]
+    o = torch.zeros(v.shape, dtype=F64)
+    final = torch.zeros(len(bounds) - 1, HV, q.shape[-1], V, dtype=F64)
+    for s, (bos, eos) in enumerate(zip(bounds[:-1], bounds[1:])):
+        for h in range(HV):
+            w, row = (int(x) for x in table[:, s, h])
+            t0 = bos - max(w, 0) * chunk_size
+            heads = slice(h // group, h // group + 1)
+            h0 = None if row < 0 else S_in[row, h : h + 1][None]
+            o_h, final_h = chunked(q[:, t0:eos, heads], k[:, t0:eos, heads], v[:, t0:eos, h : h + 1],
+                                   None if g is None else g[:, t0:eos, h : h + 1], beta[:, t0:eos, h : h + 1], scale,
+                                   h0, chunk_size=chunk_size)
+            o[:, bos:eos, h] = o_h[:, bos - t0 :, 0]
+            final[s, h] = final_h[0, 0]
+    return o, final
 
 
 def seq_split(q, k, v, g=None, beta=None, scale=None, initial_state=None, cu_seqlens=None, chunk_size=64,

@@ -85,7 +85,7 @@ def chunk_fwd_kernel(
 
     @T.prim_func
     def chunk_fwd(q: sig.q, k: sig.k, v: sig.v, g: sig.g, beta: sig.beta, A: sig.A, h0: sig.h0,
-                  cu_seqlens: sig.cu_seqlens, o: sig.o, ht: sig.ht, kg: sig.kg, P: sig.P):
+                  cu_seqlens: sig.cu_seqlens, o: sig.o, ht: sig.ht, kg: sig.kg, P: sig.P, warm: sig.warm):
         with T.Kernel(NV, (NS1 - 1) if is_varlen else B, HV, threads=threads) as (bv, bn, bh):
             hq = bh // (HV // H)
             v0 = bv * block_DV

@@ -290,18 +290,25 @@ def chunk_fwd_ws_kernel(
     store_final_state=False,
     block_DV=128,
     store_output=True,
+    warmup=False,
 ):
     """Build the warp-specialised state/output pass for static head sizes (K in {64, 128}; V = K, or 2K for the
     sequence split's transitions), gate kind (GATES), update rule and DV block (dv_blocks(K); below K for the
     per-channel delta rule at K = 128).  Batch, length, head counts and the varlen layout are dynamic.
     Grid: (V // block_DV, N sequences, HV), 512 threads.  Inputs absent for a configuration (g without a gate; beta
     and A for the plain update) are one-element placeholders.  store_output=False drops the output group (its
-    warps idle, o is not written): the state pass alone, as the sequence split's transitions need it."""
+    warps idle, o is not written): the state pass alone, as the sequence split's transitions need it.
+    warmup (varlen, the sequence split's passes with the warm-up table in warm, hopper/warmup.py): with output, a
+    segment's CTA starts warm[0] chunks before it (none where -1) from h0[warm[1]] (zero where -1) and stores o
+    from the segment's first row; without output, a CTA whose warm[0] is not -1 runs no chunk (its entering state
+    comes from the warm-up)."""
+    if warmup and not is_varlen:
+        raise ValueError("warmup: the warm-up table indexes the split's segments, a varlen layout; got is_varlen=False")
     cfg = WsConfig.derive(K, V, gate, delta, block_DV, store_output)
     C, accum = CHUNK, "float32"
     scalar, channel = cfg.scalar, cfg.channel
     inputs, S_ring, Vd_ring, Vn_ring = cfg.inputs, cfg.S_ring, cfg.Vd_ring, cfg.Vn_ring
-    sig = state_pass_contract(K, V, gate, delta, dtype, beta_dtype, scores=channel)
+    sig = state_pass_contract(K, V, gate, delta, dtype, beta_dtype, scores=channel, warmup=warmup)
     B, Tn, H, HV, NS1 = sig.B, sig.Tn, sig.H, sig.HV, sig.NS1
 
     # The warp groups. smem: the shared buffers and barriers (allocate_shared); cta: this CTA's coordinates (bb,
@@ -330,7 +337,12 @@ def chunk_fwd_ws_kernel(
     def state_group(smem, cta, S_f, h0, ht):
         """S for the whole sequence: per chunk, hand its 16-bit copy to S_s, decay S, add K^T Vd (or K^T V)."""
         decay = T.alloc_local([1], accum)
-        if use_initial_state:
+        if warmup and store_output:
+            if cta.h0_row >= 0:
+                T.copy(h0[cta.h0_row, cta.bh, 0:K, cta.v0 : cta.v0 + block_DV], S_f)
+            else:
+                T.clear(S_f)
+        elif use_initial_state:
             T.copy(h0[cta.bn, cta.bh, 0:K, cta.v0 : cta.v0 + block_DV], S_f)
         else:
             T.clear(S_f)
@@ -395,10 +407,10 @@ def chunk_fwd_ws_kernel(
             T.barrier_arrive(smem.consumed[slot])
 
     @T.macro
-    def output_chunk(c, P_s, P_f, O_f, smem, o, bb, bh, v0, t_start, t_end):
+    def output_chunk(c, P_s, P_f, O_f, smem, o, bb, bh, v0, t_start, t_out, t_end):
         """Chunk c's output by one output group: P = Q K^T (before S is ready; loaded under the per-channel gate),
-        O = scale (Q S) (exp(gc) rows) + P Vnew, stored to o's rows up to t_end. P_s: the group's P staging; P_f,
-        O_f: its fragments."""
+        O = scale (Q S) (exp(gc) rows) + P Vnew, stored to o's rows from t_out (the segment's first row under the
+        warm-up, else t_start) up to t_end. P_s: the group's P staging; P_f, O_f: its fragments."""
         s, slot = S_ring.slot(c), inputs.slot(c)
         t0 = t_start + c * C
         T.barrier_wait(smem.loaded[slot], inputs.ready_parity(c))
@@ -429,7 +441,10 @@ def chunk_fwd_ws_kernel(
         else:
             T.gemm(smem.Pg_s[slot, :, :] if channel else P_s, smem.v_s[slot, :, :], O_f)
         for i, j in T.Parallel(C, block_DV):
-            if t0 + i < t_end:
+            if warmup:
+                if t0 + i < t_end and t0 + i >= t_out:
+                    o[bb, t0 + i, bh, v0 + j] = O_f[i, j]
+            elif t0 + i < t_end:
                 o[bb, t0 + i, bh, v0 + j] = O_f[i, j]
         T.barrier_arrive(smem.consumed[slot])
 
@@ -440,11 +455,11 @@ def chunk_fwd_ws_kernel(
         if cfg.two_output_groups:
             for cc in T.serial(T.ceildiv(cta.n_chunks - first, 2)):
                 output_chunk(2 * cc + first, None if channel else smem.P_s[first, :, :], P_f, O_f, smem, o, cta.bb,
-                             cta.bh, cta.v0, cta.t_start, cta.t_end)
+                             cta.bh, cta.v0, cta.t_start, cta.t_out, cta.t_end)
         else:
             for c in T.serial(cta.n_chunks):
                 output_chunk(c, None if channel else smem.P_s, P_f, O_f, smem, o, cta.bb, cta.bh, cta.v0, cta.t_start,
-                             cta.t_end)
+                             cta.t_out, cta.t_end)
 
     @T.macro
     def tma_warp(smem, cta, q, k, v, A, kg, P):
@@ -564,7 +579,7 @@ def chunk_fwd_ws_kernel(
 
     @T.prim_func
     def chunk_fwd_ws(q: sig.q, k: sig.k, v: sig.v, g: sig.g, beta: sig.beta, A: sig.A, h0: sig.h0,
-                     cu_seqlens: sig.cu_seqlens, o: sig.o, ht: sig.ht, kg: sig.kg, P: sig.P):
+                     cu_seqlens: sig.cu_seqlens, o: sig.o, ht: sig.ht, kg: sig.kg, P: sig.P, warm: sig.warm):
         with T.Kernel(cfg.NV, (NS1 - 1) if is_varlen else B, HV, threads=4 * GROUP) as (bv, bn, bh):
             hq = bh // (HV // H)
             v0 = bv * block_DV
@@ -601,9 +616,18 @@ def chunk_fwd_ws_kernel(
                 t_end = Tn
                 if channel:
                     tile0 = bn * T.ceildiv(Tn, C)
+            t_out = h0_row = None
+            if warmup and store_output:  # the segment's first row; the pass starts warm[0] chunks before it
+                t_out = T.alloc_var("int32")
+                h0_row = T.alloc_var("int32")
+                t_out = t_start
+                t_start = t_start - T.max(warm[0, bn, bh], 0) * C
+                h0_row = warm[1, bn, bh]
             n_chunks = T.ceildiv(t_end - t_start, C)
-            cta = SimpleNamespace(bb=bb, bn=bn, bh=bh, hq=hq, v0=v0, t_start=t_start, t_end=t_end, tile0=tile0,
-                                  n_chunks=n_chunks)
+            if warmup and not store_output:  # the transitions of the (sequence, head)s the warm-up leaves exact
+                n_chunks = T.if_then_else(warm[0, bn, bh] < 0, n_chunks, 0)
+            cta = SimpleNamespace(bb=bb, bn=bn, bh=bh, hq=hq, v0=v0, t_start=t_start, t_out=t_out, t_end=t_end,
+                                  tile0=tile0, n_chunks=n_chunks, h0_row=h0_row)
 
             tx = T.get_thread_binding()
             if tx < GROUP:

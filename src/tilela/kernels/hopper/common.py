@@ -152,10 +152,11 @@ def channel_score_dtype(dtype: str) -> str:
     return "float32" if dtype == "float16" else dtype
 
 
-def state_pass_contract(K, V, gate, delta, dtype, beta_dtype, scores=False):
+def state_pass_contract(K, V, gate, delta, dtype, beta_dtype, scores=False, warmup=False):
     """The launch contract both state/output passes (hopper/chunk_fwd.py, hopper/chunk_fwd_ws.py) compile against,
     as a namespace: the dynamic sizes B, Tn, H, HV, NS1 (batch, tokens, q/k heads, value heads, len(cu_seqlens))
-    and the tensor types of the twelve arguments, in order q, k, v, g, beta, A, h0, cu_seqlens, o, ht, kg, P.
+    and the tensor types of the thirteen arguments, in order q, k, v, g, beta, A, h0, cu_seqlens, o, ht, kg, P,
+    warm.
     Arguments a configuration does not read (g without a gate; beta and A for the plain update; kg and P without
     the factors, so always on chunk_fwd.py, which forms the per-channel gate's products itself) are one-element
     placeholders.
@@ -163,8 +164,10 @@ def state_pass_contract(K, V, gate, delta, dtype, beta_dtype, scores=False):
     H = HV), g the decays D = exp(gc_last) [tile slots, HV, K] (tile slot of chunk c of sequence n:
     common.locate_tile's, floor(cu[n] / 64) + n + c, dense n ceil(Tn / 64) + c), P the intra-chunk scores [B, Tn,
     HV, 64] and, with the delta rule (KDA), kg = K ⊙ exp(gc) [B, Tn, HV, K] and Ab = A diag(beta) in A (beta then
-    unread)."""
-    B, Tn, H, HV, N0, N1, NS1, NSL = T.dynamic("B, Tn, H, HV, N0, N1, NS1, NSL")
+    unread).
+    warmup: the sequence split's warm-up table (hopper/warmup.py) in warm, [2, sequences, HV] int32: the chunks a
+    segment's pass starts early (-1: none) and the row of h0 it enters from (-1: zero)."""
+    B, Tn, H, HV, N0, N1, NS1, NSL, NW = T.dynamic("B, Tn, H, HV, N0, N1, NS1, NSL, NW")
     accum = "float32"
     g_shape = [NSL, HV, K] if scores else {"none": [1], "scalar": [B, Tn, HV], "channel": [B, Tn, HV, K]}[gate]
     return SimpleNamespace(
@@ -181,6 +184,7 @@ def state_pass_contract(K, V, gate, delta, dtype, beta_dtype, scores=False):
         ht=T.Tensor([N1, HV, K, V], accum),
         kg=T.Tensor([B, Tn, HV, K] if scores and delta else [1], dtype),
         P=T.Tensor([B, Tn, HV, TILE] if scores else [1], dtype),
+        warm=T.Tensor([2, NW, HV] if warmup else [1], "int32"),
     )
 
 

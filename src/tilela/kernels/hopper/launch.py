@@ -13,7 +13,8 @@ The pipeline (`forward`), as named stages over the [B, T, H, D] layout:
                                                                                    no kkt_solve)
     o, S = state pass(q, k, v, gc, beta, A, S0)   launch_state_pass  plan.passes   (chunk_fwd_ws.py or chunk_fwd.py;
                                                                                    split: seq_split.py's transform,
-                                                                                   launch_combine for the plain update)
+                                                                                   launch_combine for the plain update,
+                                                                                   launch_warmup for GDN's)
 
 Before it, use_qk_l2norm_in_kernel normalises q and k (tilela.ops, plan.l2norm_covers): launch_l2norm (l2norm.py).
 
@@ -39,6 +40,7 @@ from .kkt_solve import kkt_solve_kernel
 from .l2norm import l2norm_kernel
 from .plan import Plan
 from .seq_combine import seq_combine_kernel
+from .warmup import warmup_table_kernel
 
 STATE_PASSES = {"ws": chunk_fwd_ws_kernel, "loop": chunk_fwd_kernel}
 
@@ -169,11 +171,12 @@ def launch_factors(key: tuple, q: torch.Tensor, k: torch.Tensor, g: torch.Tensor
     return Qg, Kd, Kg, P, Ab, D
 
 
-def launch_state_pass(cfg, q, k, v, g, beta, A, h0, cu, N, kg=None, P=None):
+def launch_state_pass(cfg, q, k, v, g, beta, A, h0, cu, N, kg=None, P=None, warm=None):
     """One state/output launch of PassConfig cfg over N sequences: (o like v, final state [N, HV, K, V] fp32 or
     None). Inputs a configuration does not read (g without a gate; beta and A for the plain update; kg and P but
-    after gla_factors, beta after gla_factors' Ab) and h0 without an initial state are placeholders; o is allocated
-    (the launch contract fixes its shape) but, without the output group, not written."""
+    after gla_factors, beta after gla_factors' Ab; warm but under the split's warm-up) and h0 without an initial
+    state are placeholders; o is allocated (the launch contract fixes its shape) but, without the output group, not
+    written."""
     HV = v.shape[2]
     dev = v.device
     o = torch.empty_like(v)
@@ -182,8 +185,17 @@ def launch_state_pass(cfg, q, k, v, g, beta, A, h0, cu, N, kg=None, P=None):
     half = placeholder(dev, q.dtype)
     kernel = compiled(STATE_PASSES[cfg.kernel], *cfg.args, warp_specialized=True)
     kernel(q, k, v, ph if g is None else g, ph if beta is None else beta, half if A is None else A,
-           ht if h0 is None else h0, cu, o, ht, half if kg is None else kg, half if P is None else P)
+           ht if h0 is None else h0, cu, o, ht, half if kg is None else kg, half if P is None else P,
+           placeholder(dev, torch.int32) if warm is None else warm)
     return o, (ht if cfg.store_final_state else None)
+
+
+def launch_warmup(gc, cu_segments, first, max_chunks: int):
+    """The split's warm-up table [2, S, HV] int32 (warmup.py) from the scalar gate's chunk-local cumsum gc [1, T,
+    HV] and the segment table's cu_segments and first; warm-ups of at most max_chunks chunks."""
+    table = torch.empty(2, cu_segments.shape[0] - 1, gc.shape[-1], device=gc.device, dtype=torch.int32)
+    compiled(warmup_table_kernel)(gc, cu_segments, first, table, int(max_chunks))
+    return table
 
 
 def launch_combine(key: tuple, B_seg, gc, cu_segments, first, h0):
@@ -257,9 +269,10 @@ def _split(plan: Plan, q, k, v, g, beta, A, h0):
     transitions, outputs = plan.passes
 
     def run(cfg):
-        return lambda q, k, v, g, beta, A, h0, cu: launch_state_pass(cfg, q, k, v, g, beta, A, h0, cu,
-                                                                     cu.shape[0] - 1)
+        return lambda q, k, v, g, beta, A, h0, cu, warm=None: launch_state_pass(cfg, q, k, v, g, beta, A, h0, cu,
+                                                                                cu.shape[0] - 1, warm=warm)
 
     combine = None if plan.combine is None else functools.partial(launch_combine, plan.combine)
     return seq_split.split_forward(run(transitions), run(outputs), combine, q, k, v, g, beta, A, h0,
-                                   plan.output_final_state, plan.split)
+                                   plan.output_final_state, plan.split,
+                                   launch_warmup if plan.output.warmup else None)

@@ -13,7 +13,8 @@ A plan answers, in this order:
   state pass   "ws" (chunk_fwd_ws.py, K = V in {64, 128}) or "loop" (chunk_fwd.py, every configuration); "auto"
                takes ws wherever it covers; its DV block from the cost model below
   split        the sequence split (seq_split.py) where the cost model says it pays: the transitions' pass, the
-               combine, then the output pass over the segments as one varlen batch
+               combine, then the output pass over the segments as one varlen batch; GDN's (the delta rule with a
+               scalar gate) with the warm-up table (warmup.py), which both passes read
 Each stage's static configuration is its compile key; the launchers pass it to the builder unchanged.
 
 Cost model. A state pass is bound by each CTA's serial chain of chunks with one CTA per SM, so a launch takes about
@@ -70,6 +71,14 @@ CHUNK_US = {
 SPLIT_FIXED_MS = {True: 0.07, False: 0.015}
 COMBINE_STEP_MS = {True: 0.005, False: 0.0005}
 SEGMENT_CHUNKS = (8, 16, 32, 64, 128, 256)
+# Segments per sequence of the wave-sized candidates: the longest sequence cut into this many equal segments.
+SEGMENT_COUNTS = (2, 3, 4, 6, 8, 12, 16, 24, 32)
+# The warm-up split (GDN): chunks a decaying head's warm-up is modelled to take before its segment. A head whose
+# per-chunk decay is d needs ceil(17 / |d|) chunks; FLA's layer initialisation gives most heads |d| > 8.
+WARMUP_CHUNKS = 2
+# The share of value heads the split must not lose on when they take the transitions (g = 0, or decays too weak for a
+# warm-up): FlashQLA's benchmark gate leaves a quarter of the heads without decay.
+MIXED_UNBOUNDED = 0.25
 # The split must beat the unsplit pass's modelled time by this factor: it covers the transitions' longer chunk period
 # when they fill the GPU several waves deep (shared bandwidth), which the model leaves out.
 SPLIT_MARGIN = 0.8
@@ -125,39 +134,87 @@ class SegmentPlan:
         return cls(segment_chunks, sum(counts), max(counts, default=1), lengths)
 
 
-def _pass_ms(K: int, V: int, grid: int, chunks: int, sms: int, store_output: bool, rule: str) -> float:
-    block = default_block_DV(K, V, grid, sms, store_output, rule)
-    return 1e-3 * modelled_us(K, V, grid, chunks, block, sms, store_output, rule)
+def _pass_ms(K: int, V: int, heads: int, chains: "Chains", sms: int, store_output: bool, rule: str) -> float:
+    """A launch over chains x heads x DV blocks CTAs: the longest chains' waves, or the whole work spread over the
+    SMs where the shorter chains outweigh them (a skewed varlen batch)."""
+    block = default_block_DV(K, V, chains.count * heads, sms, store_output, rule)
+    ctas = heads * (V // block)
+    longest = math.ceil(chains.longest_count * ctas / sms) * chains.longest
+    return 1e-3 * CHUNK_US[(rule, K // block, store_output)] * max(longest, chains.total * ctas / sms)
+
+
+@dataclass(frozen=True)
+class Chains:
+    """The chunk chains of a launch's sequences (or segments): how many, the longest, how many of it, the sum."""
+
+    count: int
+    longest: int
+    longest_count: int
+    total: int
+
+    @classmethod
+    def of(cls, lengths, segment_chunks: int | None = None, warmup: int = 0) -> "Chains":
+        """Each sequence's chunks, or its segments' of segment_chunks chunks with `warmup` chunks before each but a
+        sequence's first."""
+        chains = []
+        for n in lengths:
+            chunks = math.ceil(n / CHUNK)
+            if segment_chunks is None or chunks <= segment_chunks:
+                chains.append(chunks)
+                continue
+            full, rest = divmod(chunks, segment_chunks)
+            chains += [segment_chunks] + [segment_chunks + warmup] * (full - 1) + ([rest + warmup] if rest else [])
+        longest = max(chains, default=0)
+        return cls(len(chains), longest, chains.count(longest), sum(chains))
+
+
+def warms(gate: str, delta: bool) -> bool:
+    """Whether the sequence split takes the warm-up (warmup.py): the delta rule with a scalar gate, where the
+    transitions cost a pass on [V | 0] and a decaying head can skip them."""
+    return gate == "scalar" and delta
 
 
 def modelled_ms(lengths, heads: int, sms: int, split: SegmentPlan | None, K: int = 128, gate: str = "scalar",
-                delta: bool = True) -> float:
+                delta: bool = True, unbounded: float = 1.0) -> float:
     """Modelled time of the state/output pass unsplit (split None) or split: transitions (the state alone, value
     [V | 0] with the delta rule, V without), combine steps, outputs and the split's fixed cost; each pass at the DV
-    block default_block_DV picks for it."""
+    block default_block_DV picks for it. unbounded (the warm-up split, warms): the share of value heads whose decay
+    does not bound a warm-up, so that they take the transitions (1: every head, as g = 0 everywhere); the others'
+    CTAs skip them and start their outputs WARMUP_CHUNKS early."""
     rule = update_rule(gate, delta)
-    longest = max((math.ceil(n / CHUNK) for n in lengths), default=0)
     if split is None:
-        return _pass_ms(K, K, len(lengths) * heads, longest, sms, True, rule)
-    chain = min(split.segment_chunks, longest)
-    grid = split.num_segments * heads
-    return (_pass_ms(K, 2 * K if delta else K, grid, chain, sms, False, rule)
-            + _pass_ms(K, K, grid, chain, sms, True, rule)
-            + SPLIT_FIXED_MS[delta] + (split.max_per_sequence - 1) * COMBINE_STEP_MS[delta])
+        return _pass_ms(K, K, heads, Chains.of(lengths), sms, True, rule)
+    warmup = warms(gate, delta)
+    segments = Chains.of(lengths, split.segment_chunks)
+    through = math.ceil(heads * unbounded) if warmup else heads  # value heads through the transitions
+    transitions = _pass_ms(K, 2 * K if delta else K, through, segments, sms, False, rule) if through else 0.0
+    warmed = warmup and unbounded < 1  # some heads start their outputs early
+    outputs = _pass_ms(K, K, heads, Chains.of(lengths, split.segment_chunks, WARMUP_CHUNKS) if warmed else segments,
+                       sms, True, rule)
+    return transitions + outputs + SPLIT_FIXED_MS[delta] + (split.max_per_sequence - 1) * COMBINE_STEP_MS[delta]
+
+
+def segment_sizes(longest: int) -> list[int]:
+    """The candidate segment sizes in chunks for a longest sequence of `longest` chunks, shortest first: the powers
+    SEGMENT_CHUNKS and the longest sequence cut into SEGMENT_COUNTS equal parts (sized by waves of CTAs rather than
+    powers of two); each shorter than the sequence."""
+    sizes = set(SEGMENT_CHUNKS) | {math.ceil(longest / count) for count in SEGMENT_COUNTS}
+    return sorted(size for size in sizes if 4 <= size < longest)
 
 
 def auto_split(lengths, heads: int, sms: int, K: int = 128, gate: str = "scalar", delta: bool = True,
                margin: float = SPLIT_MARGIN) -> SegmentPlan | None:
-    """The segment size (from SEGMENT_CHUNKS) of least modelled time, if it beats the unsplit pass's by the margin;
-    else None."""
+    """The segment size (segment_sizes) of least modelled time, if it beats the unsplit pass's by the margin; else
+    None. Under the warm-up (warms) the time is that of decaying heads, and with MIXED_UNBOUNDED of the heads
+    through the transitions the split may not be modelled slower than the unsplit pass."""
     longest = max((math.ceil(n / CHUNK) for n in lengths), default=0)
-    best, best_ms = None, margin * modelled_ms(lengths, heads, sms, None, K, gate, delta)
-    for segment_chunks in SEGMENT_CHUNKS:
-        if segment_chunks >= longest:
-            break
+    unsplit = modelled_ms(lengths, heads, sms, None, K, gate, delta)
+    best, best_ms = None, margin * unsplit
+    for segment_chunks in segment_sizes(longest):
         split = SegmentPlan.of(lengths, segment_chunks)
-        ms = modelled_ms(lengths, heads, sms, split, K, gate, delta)
-        if ms < best_ms:
+        ms = modelled_ms(lengths, heads, sms, split, K, gate, delta, unbounded=0.0)
+        if ms < best_ms and (not warms(gate, delta) or modelled_ms(lengths, heads, sms, split, K, gate, delta,
+                                                                  MIXED_UNBOUNDED) <= unsplit):
             best, best_ms = split, ms
     return best
 
@@ -200,7 +257,8 @@ def loop_tiles(K: int, gate: str, delta: bool, dtype: str) -> tuple[int, int, in
 class PassConfig:
     """One state/output launch's static configuration, its compile key: `args` are the builder's arguments
     (chunk_fwd_ws.chunk_fwd_ws_kernel for kernel "ws", chunk_fwd.chunk_fwd_kernel for "loop"). tiles: (block_DV,
-    store_output) for "ws", (block_DV, threads, num_stages) for "loop"."""
+    store_output, warmup) for "ws" (warmup: the split's passes read the warm-up table), (block_DV, threads,
+    num_stages) for "loop"."""
 
     kernel: str
     K: int
@@ -227,6 +285,10 @@ class PassConfig:
     @property
     def store_output(self) -> bool:
         return self.kernel == "loop" or self.tiles[1]
+
+    @property
+    def warmup(self) -> bool:
+        return self.kernel == "ws" and self.tiles[2]
 
 
 @dataclass(frozen=True)
@@ -345,11 +407,11 @@ def _plan(*, dtype: str, beta_dtype: str | None, gate_dtype: str | None, gate: s
     kkt = kkt_key(CHUNK, "blocked", dtype, gate, HV // H) if delta and not factors else None
     rule = update_rule(gate, delta)
 
-    def state_pass(V_pass, grid, varlen_pass, h0, ht, store_output, block=None):
+    def state_pass(V_pass, grid, varlen_pass, h0, ht, store_output, block=None, warmup=False):
         if not ws:
             tiles = loop_tiles(K, gate, delta, dtype)
         else:
-            tiles = (block or default_block_DV(K, V_pass, grid, sms, store_output, rule), store_output)
+            tiles = (block or default_block_DV(K, V_pass, grid, sms, store_output, rule), store_output, warmup)
         return PassConfig("ws" if ws else "loop", K, V_pass, float(scale), gate, delta, dtype, beta_dtype,
                           varlen_pass, h0, ht, tiles)
 
@@ -359,9 +421,11 @@ def _plan(*, dtype: str, beta_dtype: str | None, gate_dtype: str | None, gate: s
     else:
         grid = split.num_segments * HV
         # transitions: the state alone over every segment from a zero state (plain update: value V, combine after),
-        # or from [0 | I] with the value [V | 0] (delta rule: [B | M] out); outputs from the entering states
-        transitions = state_pass(2 * V if delta else V, grid, True, delta, True, False)
-        passes = (transitions, state_pass(V, grid, True, True, delta and output_final_state, True))
+        # or from [0 | I] with the value [V | 0] (delta rule: [B | M] out); outputs from the entering states; under
+        # the warm-up both read its table (transitions only where it leaves them, outputs from the warm-up start)
+        warmup = warms(gate, delta)
+        transitions = state_pass(2 * V if delta else V, grid, True, delta, True, False, warmup=warmup)
+        passes = (transitions, state_pass(V, grid, True, True, delta and output_final_state, True, warmup=warmup))
         combine = None if delta else (K, V, gate, initial_state)
     return Plan(gate, delta, dtype, int(tokens), lengths, H, HV, K, V, bool(initial_state), bool(output_final_state),
                 cumsum, kkt,

@@ -13,6 +13,14 @@ parallelism, done exactly). Mirrors reference layer E (reference.seq_split):
   3. outputs      the state/output pass over the segments as one varlen batch from the entering states; with the
                   delta rule a sequence's final state is that of its last segment
 
+The warm-up (GDN: the delta rule with a scalar gate; reference.seq_split.warmup_table): before step 1 one launch
+of warmup.py finds, per segment and value head, the fewest chunks before the segment over which the decay sums to
+WARMUP_BOUND (e^-17, under fp32's rounding); where every segment of a (sequence, head) has such a warm-up of at
+most a segment's chunks, its transitions' CTAs run no chunk and its outputs' CTAs start that many chunks early from
+a zero state (or from the sequence's initial state where the warm-up reaches it), storing o from the segment on.
+The other (sequence, head)s (g = 0 heads, decays too weak) take steps 1-3 as above. Decided on the device from the
+gate, so the split stays exact to fp32 rounding and capturable, with one launch more.
+
 Segments begin at chunk boundaries of their sequence, so the chunk-local gc and A are those of the unsplit call. An
 empty sequence keeps one empty segment (its final state is its initial state). The segment table comes from the
 plan's host lengths in one non-blocking copy from pinned memory, so nothing synchronises with the host: under the
@@ -124,7 +132,7 @@ def _captured_table(plan: SegmentPlan, device: torch.device) -> SegmentTable:
 
 
 def split_forward(transitions, outputs, combine, q, k, v, g, beta, A, initial_state, output_final_state,
-                  split: SegmentPlan):
+                  split: SegmentPlan, warmup=None):
     """The state/output pass of the unsplit call ((o [B,T,HV,V], final state [N,HV,K,V] fp32 or None)), computed
     segment-parallel as an input transform: the segments become the sequences of one varlen batch (cu_segments) and
     their entering states its initial states. split must be SegmentPlan.of(the call's sequence lengths) (plan.py makes
@@ -134,6 +142,9 @@ def split_forward(transitions, outputs, combine, q, k, v, g, beta, A, initial_st
     transitions keep the state alone and store every segment's final state, outputs store o (and, with the delta
     rule, the final states when asked for). combine(B, g, cu_segments, first, h0) -> (S_in, final): the plain
     update's step 2 (launch.seq_combine on the GPU, reference.entering_states elsewhere); None with the delta rule.
+    warmup(g, cu_segments, first, max_chunks) -> table: the delta rule's warm-up table (launch.launch_warmup on the
+    GPU, reference.warmup_table elsewhere; max_chunks the segment's chunks), which the delta rule's transitions and
+    outputs then take as a ninth argument, warm; None: no warm-up.
 
     Plain update: the transitions from a zero state give B, the combine S_in and the final states. Delta rule: the
     transitions on [V | 0] from [0 | I] give [B | M], and the combine walks the [P, N] slot grid: step j is one
@@ -150,19 +161,21 @@ def split_forward(transitions, outputs, combine, q, k, v, g, beta, A, initial_st
         o, _ = outputs(q1, k1, v1, g1, beta1, A1, S_in, table.cu_segments)
         return o.view(B, Tn, HV, V), (final if output_final_state else None)
 
+    warm = None if warmup is None else warmup(g1, table.cu_segments, table.first, split.segment_chunks)
+    extra = () if warm is None else (warm,)
     N, P = len(split.lengths), split.max_per_sequence
     slot = table.slot.long()
     batched = lambda x, j: x[j * N : (j + 1) * N].view(N * HV, K, x.shape[-1])  # noqa: E731
     v_ext = torch.cat([v1, v1.new_zeros(1, B * Tn, HV, K)], dim=-1)
     h_ext = torch.zeros(split.num_segments, HV, K, V + K, device=v.device, dtype=torch.float32)
     h_ext[..., V:].diagonal(dim1=-2, dim2=-1).fill_(1.0)
-    _, BM = transitions(q1, k1, v_ext, g1, beta1, A1, h_ext, table.cu_segments)
+    _, BM = transitions(q1, k1, v_ext, g1, beta1, A1, h_ext, table.cu_segments, *extra)
     BM_slot = BM.new_zeros(P * N, HV, K, V + K).index_copy_(0, slot, BM)
     B_slot, M_slot = BM_slot[..., :V], BM_slot[..., V:]
     S_slot = B_slot.new_empty(P * N, HV, K, V)
     S_slot[:N] = 0 if initial_state is None else initial_state
     for j in range(P - 1):
         torch.baddbmm(batched(B_slot, j), batched(M_slot, j), batched(S_slot, j), out=batched(S_slot, j + 1))
-    o, ht = outputs(q1, k1, v1, g1, beta1, A1, S_slot[slot], table.cu_segments)
+    o, ht = outputs(q1, k1, v1, g1, beta1, A1, S_slot[slot], table.cu_segments, *extra)
     final = ht[table.last.long()] if output_final_state else None
     return o.view(B, Tn, HV, V), final
