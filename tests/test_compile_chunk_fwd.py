@@ -63,14 +63,14 @@ CASES = [
     ("ws_half", "channel", True, 64, "float16", "float32", FLAGS[2]),
     # the sequence split's transitions, state alone: value [V | 0] (V = 2K) from [0 | I] with the delta rule, V
     # from a zero state without (no initial state read)
-    ("ws_split_full", "scalar", True, 128, "bfloat16", "float32", FLAGS[0]),
-    ("ws_split_half", "none", True, 64, "float16", "float32", FLAGS[0]),
+    ("ws_split_full", "scalar", True, 128, "bfloat16", "float32", (True, False, True)),
+    ("ws_split_half", "none", True, 64, "float16", "float32", (True, False, True)),
     ("ws_split_full", "scalar", False, 128, "float16", None, (True, False, True)),
     ("ws_split_half", "none", False, 128, "bfloat16", None, (True, False, True)),
     ("ws_split_quarter", "scalar", False, 128, "bfloat16", None, (True, False, True)),
     # GDN's split under the warm-up table: the transitions where it leaves them, the outputs from the warm-up start
-    ("ws_warmsplit_full", "scalar", True, 128, "bfloat16", "float32", FLAGS[0]),
-    ("ws_warmsplit_half", "scalar", True, 64, "float16", "float16", FLAGS[0]),
+    ("ws_warmsplit_full", "scalar", True, 128, "bfloat16", "float32", (True, False, True)),
+    ("ws_warmsplit_half", "scalar", True, 64, "float16", "float16", (True, False, True)),
     ("ws_warm_quarter", "scalar", True, 128, "bfloat16", "float32", FLAGS[0]),
     ("ws_warm_full", "scalar", True, 64, "float16", "float32", (True, True, False)),
     ("chunk_fwd", "scalar", True, 128, "float16", "float16", FLAGS[0]),  # GDN with a half-precision beta

@@ -168,9 +168,11 @@ WARMUP_CASES = {  # GDN's split under the warm-up against the unsplit pass on th
 @pytest.mark.parametrize("name", list(WARMUP_CASES))
 def test_gdn_split_with_warmup_matches_unsplit(name):
     """The split's outputs and final states (fp32) against the unsplit pass's on the same inputs, and both against
-    float64: heads that warm up from a zero state, heads that take the transitions, heads entering from the
-    initial state. The warm-up drops the past at e^-17 of the state: the split and unsplit states differ by the
-    pass's own rounding only."""
+    float64: heads that warm up from a zero state (fast and moderate decay), heads that take the transitions (weak
+    and no decay), heads entering from the initial state. The warm-up drops the past at e^-17 of the state: on the
+    heads that warm up the split and unsplit states agree to 1e-4 (the same chunk products from the same rounded
+    state, but for the dropped past); the transitions' heads differ by the pass's bf16 rounding of the [0 | I]
+    state's products, as far from the unsplit pass as either is from float64."""
     case = dict(WARMUP_CASES[name])
     lengths, H, HV, segment_chunks = case["lengths"], case["H"], case["HV"], case["segment_chunks"]
     dtype, K = case.get("dtype", torch.bfloat16), 128
@@ -196,5 +198,12 @@ def test_gdn_split_with_warmup_matches_unsplit(name):
         o, ht = hopper.forward(plan, *dev[:5], h0d, cud, A=dev[5])
         runs.append((o.float(), ht))
     (o0, S0), (o1, S1) = runs
-    assert rel_l2(S1, S0) < 1e-3 and rel_l2(o1, o0) < 1e-3, (rel_l2(S1, S0), rel_l2(o1, o0))
+    from tilela.kernels.hopper.seq_split import segment_table
+
+    table = segment_table(SegmentPlan.of(lengths, segment_chunks), torch.device("cpu"))
+    warm = reference.warmup_table(gc.float().reshape(1, B * T, HV), table.cu_segments, table.first, segment_chunks)
+    warmed = (warm[0] >= 0).all(0)  # the heads that warm up in every segment
+    assert warmed.any() and not warmed.all()
+    assert rel_l2(S1[:, warmed], S0[:, warmed]) < 1e-4 and rel_l2(o1[:, :, warmed], o0[:, :, warmed]) < 1e-4
+    assert rel_l2(S1, S0) < TOL and rel_l2(o1, o0) < TOL
     assert rel_l2(o1, o_ref) < TOL and rel_l2(S1, ht_ref) < TOL

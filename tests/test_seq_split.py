@@ -127,6 +127,19 @@ def _problem(gate, delta, lengths, B=1, T=None, H=1, G=2, K=8, V=12, seed=0):
     )
 
 
+def _extending(state_pass):
+    """The delta rule's transitions as split_forward calls them: h0 None, the pass forms the value [v | 0] and the
+    entering state [0 | I] itself (chunk_fwd_ws.py at V = 2K)."""
+    def transitions(q, k, v, g_cumsum, beta, A, h0, cu_seqlens, *warm):
+        assert h0 is None
+        K, V = k.shape[-1], v.shape[-1]
+        h_ext = torch.zeros(cu_seqlens.numel() - 1, v.shape[2], K, V + K, dtype=F64)
+        h_ext[..., V:].diagonal(dim1=-2, dim2=-1).fill_(1.0)
+        return state_pass(q, k, torch.cat([v, v.new_zeros(*v.shape[:-1], K)], -1), g_cumsum, beta, A, h_ext,
+                          cu_seqlens)
+    return transitions
+
+
 def _stand_in(g_raw, scale):
     """A float64 state pass with the contract split_forward drives (varlen layout): reference layer B over the
     segments, from the raw gate (segments start at chunk boundaries, so its chunk-local cumsum is the one given)."""
@@ -152,8 +165,9 @@ def test_split_forward_matches_unsplit(gate, delta, segment_chunks, layout):
         # the delta rule is told by A; the stand-in forms its own A from beta, so any [B, T, HV, 64] tensor will do
         A = None if p["beta"] is None else torch.zeros(*p["v"].shape[:3], 64, dtype=F64)
         state_pass = _stand_in(p["g"], 8 ** -0.5)
-        o, S = split_forward(state_pass, state_pass, reference.entering_states, p["q"], p["k"], p["v"], gc, p["beta"],
-                             A, h0, True, plan)
+        transitions = _extending(state_pass) if delta else state_pass
+        o, S = split_forward(transitions, state_pass, reference.entering_states, p["q"], p["k"], p["v"], gc,
+                             p["beta"], A, h0, True, plan)
         if h0 is None:
             o_ref, S_ref = reference.chunked(**dict(p, initial_state=None))
         torch.testing.assert_close(o.double(), o_ref, rtol=0, atol=1e-9)
@@ -206,7 +220,7 @@ def test_split_forward_with_warmup_matches_unsplit(segment_chunks):
         return tables[-1]
 
     def transitions(q, k, v, g_cumsum, beta, A, h0, cu, warm):
-        _, ht = _stand_in(p["g"], scale)(q, k, v, g_cumsum, beta, A, h0, cu)
+        _, ht = _extending(_stand_in(p["g"], scale))(q, k, v, g_cumsum, beta, A, h0, cu)
         ht[warm[0] >= 0] = float("nan")
         return None, ht
 

@@ -80,12 +80,14 @@ def jobs() -> list[Job]:
                 if warms(gate, delta) and flags[:2] == (True, True):  # the split's outputs under the warm-up
                     out += [Job("ws", (K, K, gate, delta, dtype, beta_dtype, flags, block_DV, True, True), **level)
                             for block_DV in dv_blocks(K)]
-                if gate != "channel" and flags == (True, delta, True):  # the state pass alone: the sequence
-                    # split's transitions (value [V | 0] from [0 | I] with the delta rule, under GDN's warm-up; V
-                    # from zero without), the state_pass bench's state_only
+                # the state pass alone: the sequence split's transitions (varlen, final states; the delta rule's
+                # on [V | 0] from [0 | I], both formed in the pass, under GDN's warm-up; V from zero without) and
+                # the state_pass bench's state_only (V, from an initial state with the delta rule)
+                alone = [(K, (True, delta, True))] + ([(2 * K, (True, False, True))] if delta else [])
+                if gate != "channel":
                     out += [Job("ws", (K, V, gate, delta, dtype, beta_dtype, flags, block_DV, False,
                                        warms(gate, delta) and V == 2 * K), **level)
-                            for V in ((K, 2 * K) if delta else (K,)) for block_DV in dv_blocks(K)]
+                            for V, wanted in alone if flags == wanted for block_DV in dv_blocks(K)]
     return out
 
 

@@ -293,7 +293,9 @@ def chunk_fwd_ws_kernel(
     warmup=False,
 ):
     """Build the warp-specialised state/output pass for static head sizes (K in {64, 128}; V = K, or 2K for the
-    sequence split's transitions), gate kind (GATES), update rule and DV block (dv_blocks(K); below K for the
+    sequence split's delta-rule transitions: the state alone from [0 | I] with the value [v | 0], v of K columns, both
+    formed here: the DV blocks past column K load v's columns past its end, which TMA fills with zeros, and their
+    state starts from the identity), gate kind (GATES), update rule and DV block (dv_blocks(K); below K for the
     per-channel delta rule at K = 128).  Batch, length, head counts and the varlen layout are dynamic.
     Grid: (V // block_DV, N sequences, HV), 512 threads.  Inputs absent for a configuration (g without a gate; beta
     and A for the plain update) are one-element placeholders.  store_output=False drops the output group (its
@@ -304,6 +306,10 @@ def chunk_fwd_ws_kernel(
     comes from the warm-up)."""
     if warmup and not is_varlen:
         raise ValueError("warmup: the warm-up table indexes the split's segments, a varlen layout; got is_varlen=False")
+    extended = V == 2 * K  # the split's transitions: [v | 0] from [0 | I]
+    if extended and (store_output or use_initial_state or not delta):
+        raise ValueError(f"V: 2K is the delta rule's transitions (the state alone from [0 | I] formed here), got "
+                         f"store_output={store_output}, use_initial_state={use_initial_state}, delta={delta}")
     cfg = WsConfig.derive(K, V, gate, delta, block_DV, store_output)
     C, accum = CHUNK, "float32"
     scalar, channel = cfg.scalar, cfg.channel
@@ -344,6 +350,9 @@ def chunk_fwd_ws_kernel(
                 T.clear(S_f)
         elif use_initial_state:
             T.copy(h0[cta.bn, cta.bh, 0:K, cta.v0 : cta.v0 + block_DV], S_f)
+        elif extended:  # [0 | I]: column K + i of row i
+            for i, j in T.Parallel(K, block_DV):
+                S_f[i, j] = T.if_then_else(cta.v0 + j == K + i, 1.0, 0.0)
         else:
             T.clear(S_f)
         for c in T.serial(cta.n_chunks):

@@ -166,21 +166,24 @@ def state_pass_contract(K, V, gate, delta, dtype, beta_dtype, scores=False, warm
     HV, 64] and, with the delta rule (KDA), kg = K ⊙ exp(gc) [B, Tn, HV, K] and Ab = A diag(beta) in A (beta then
     unread).
     warmup: the sequence split's warm-up table (hopper/warmup.py) in warm, [2, sequences, HV] int32: the chunks a
-    segment's pass starts early (-1: none) and the row of h0 it enters from (-1: zero)."""
+    segment's pass starts early (-1: none) and the row of h0 it enters from (-1: zero).
+    V = 2K (the delta rule's split transitions, hopper/chunk_fwd_ws.py): v and o have K columns, the pass extends
+    the value to [V | 0] itself; h0 and ht have V."""
     B, Tn, H, HV, N0, N1, NS1, NSL, NW = T.dynamic("B, Tn, H, HV, N0, N1, NS1, NSL, NW")
     accum = "float32"
+    V_in = K if V == 2 * K else V  # the value's columns in memory
     g_shape = [NSL, HV, K] if scores else {"none": [1], "scalar": [B, Tn, HV], "channel": [B, Tn, HV, K]}[gate]
     return SimpleNamespace(
         B=B, Tn=Tn, H=H, HV=HV, NS1=NS1,
         q=T.Tensor([B, Tn, H, K], dtype),
         k=T.Tensor([B, Tn, H, K], dtype),
-        v=T.Tensor([B, Tn, HV, V], dtype),
+        v=T.Tensor([B, Tn, HV, V_in], dtype),
         g=T.Tensor(g_shape, accum),
         beta=T.Tensor([B, Tn, HV] if delta and not scores else [1], beta_dtype),
         A=T.Tensor([B, Tn, HV, TILE] if delta else [1], dtype),
         h0=T.Tensor([N0, HV, K, V], accum),
         cu_seqlens=T.Tensor([NS1], "int32"),
-        o=T.Tensor([B, Tn, HV, V], dtype),
+        o=T.Tensor([B, Tn, HV, V_in], dtype),
         ht=T.Tensor([N1, HV, K, V], accum),
         kg=T.Tensor([B, Tn, HV, K] if scores and delta else [1], dtype),
         P=T.Tensor([B, Tn, HV, TILE] if scores else [1], dtype),

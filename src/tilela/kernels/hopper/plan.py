@@ -421,10 +421,11 @@ def _plan(*, dtype: str, beta_dtype: str | None, gate_dtype: str | None, gate: s
     else:
         grid = split.num_segments * HV
         # transitions: the state alone over every segment from a zero state (plain update: value V, combine after),
-        # or from [0 | I] with the value [V | 0] (delta rule: [B | M] out); outputs from the entering states; under
+        # or from [0 | I] with the value [V | 0], both formed in the pass (delta rule: [B | M] out); outputs from the
+        # entering states; under
         # the warm-up both read its table (transitions only where it leaves them, outputs from the warm-up start)
         warmup = warms(gate, delta)
-        transitions = state_pass(2 * V if delta else V, grid, True, delta, True, False, warmup=warmup)
+        transitions = state_pass(2 * V if delta else V, grid, True, False, True, False, warmup=warmup)
         passes = (transitions, state_pass(V, grid, True, True, delta and output_final_state, True, warmup=warmup))
         combine = None if delta else (K, V, gate, initial_state)
     return Plan(gate, delta, dtype, int(tokens), lengths, H, HV, K, V, bool(initial_state), bool(output_final_state),

@@ -3,7 +3,8 @@ parallelism, done exactly). Mirrors reference layer E (reference.seq_split):
 
     over a segment of chunks the pass is affine in its entering state:  S_out = M S_in + B
   1. transitions  the state pass alone (no output) over every segment, with the value extended to [V | 0] and the
-                  entering state to [0 | I] (a K x (V + K) state): its final state is [B | M]. Without the delta
+                  entering state to [0 | I] (a K x (V + K) state; the pass forms both): its final state is [B | M].
+                  Without the delta
                   rule M = exp(sum of g over the segment) I, a scalar per segment and head (1 without a gate), so
                   the pass runs on V from a zero state for B alone
   2. entering     S_in(0) = the sequence's initial state (or 0), S_in(j + 1) = M_j S_in(j) + B_j, fp32: under the
@@ -139,7 +140,8 @@ def split_forward(transitions, outputs, combine, q, k, v, g, beta, A, initial_st
     it so); g is the gate's chunk-local cumsum (or None), A kkt_solve's output (delta rule) or None.
 
     transitions / outputs: `pass(q, k, v, g, beta, A, h0, cu_seqlens) -> (o, final states)` in the varlen layout;
-    transitions keep the state alone and store every segment's final state, outputs store o (and, with the delta
+    transitions keep the state alone and store every segment's final state (with the delta rule from [0 | I] with
+    the value [v | 0], which the pass forms itself: h0 None, final states K x (V + K)), outputs store o (and, with the delta
     rule, the final states when asked for). combine(B, g, cu_segments, first, h0) -> (S_in, final): the plain
     update's step 2 (launch.seq_combine on the GPU, reference.entering_states elsewhere); None with the delta rule.
     warmup(g, cu_segments, first, max_chunks) -> table: the delta rule's warm-up table (launch.launch_warmup on the
@@ -166,10 +168,7 @@ def split_forward(transitions, outputs, combine, q, k, v, g, beta, A, initial_st
     N, P = len(split.lengths), split.max_per_sequence
     slot = table.slot.long()
     batched = lambda x, j: x[j * N : (j + 1) * N].view(N * HV, K, x.shape[-1])  # noqa: E731
-    v_ext = torch.cat([v1, v1.new_zeros(1, B * Tn, HV, K)], dim=-1)
-    h_ext = torch.zeros(split.num_segments, HV, K, V + K, device=v.device, dtype=torch.float32)
-    h_ext[..., V:].diagonal(dim1=-2, dim2=-1).fill_(1.0)
-    _, BM = transitions(q1, k1, v_ext, g1, beta1, A1, h_ext, table.cu_segments, *extra)
+    _, BM = transitions(q1, k1, v1, g1, beta1, A1, None, table.cu_segments, *extra)
     BM_slot = BM.new_zeros(P * N, HV, K, V + K).index_copy_(0, slot, BM)
     B_slot, M_slot = BM_slot[..., :V], BM_slot[..., V:]
     S_slot = B_slot.new_empty(P * N, HV, K, V)
