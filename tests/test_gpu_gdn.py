@@ -170,8 +170,8 @@ def test_gdn_split_with_warmup_matches_unsplit(name):
     """The split's outputs and final states (fp32) against the unsplit pass's on the same inputs, and both against
     float64: heads that warm up from a zero state (fast and moderate decay), heads that take the transitions (weak
     and no decay), heads entering from the initial state. The warm-up drops the past at e^-17 of the state: on the
-    heads that warm up the split and unsplit states agree to 1e-4 (the same chunk products from the same rounded
-    state, but for the dropped past); the transitions' heads differ by the pass's bf16 rounding of the [0 | I]
+    heads that warm up the split and unsplit states agree to 1e-5 (the same chunk products from the same rounded
+    state, but for the dropped past; o, in bf16, to its rounding); the transitions' heads differ by the pass's bf16 rounding of the [0 | I]
     state's products, as far from the unsplit pass as either is from float64."""
     case = dict(WARMUP_CASES[name])
     lengths, H, HV, segment_chunks = case["lengths"], case["H"], case["HV"], case["segment_chunks"]
@@ -204,6 +204,6 @@ def test_gdn_split_with_warmup_matches_unsplit(name):
     warm = reference.warmup_table(gc.float().reshape(1, B * T, HV), table.cu_segments, table.first, segment_chunks)
     warmed = (warm[0] >= 0).all(0)  # the heads that warm up in every segment
     assert warmed.any() and not warmed.all()
-    assert rel_l2(S1[:, warmed], S0[:, warmed]) < 1e-4 and rel_l2(o1[:, :, warmed], o0[:, :, warmed]) < 1e-4
+    assert rel_l2(S1[:, warmed], S0[:, warmed]) < 1e-5 and rel_l2(o1[:, :, warmed], o0[:, :, warmed]) < 1e-3
     assert rel_l2(S1, S0) < TOL and rel_l2(o1, o0) < TOL
     assert rel_l2(o1, o_ref) < TOL and rel_l2(S1, ht_ref) < TOL

@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from tilela import reference
-from tilela.kernels.hopper.plan import (CHUNK_US, COMBINE_STEP_MS, SPLIT_FIXED_MS, SegmentPlan, auto_split,
-                                        modelled_ms)
+from tilela.kernels.hopper.plan import (CHUNK_US, COMBINE_COPY_BYTES_PER_S, COMBINE_STEP_MS, SPLIT_FIXED_MS,
+                                        SegmentPlan, auto_split, modelled_ms)
 from tilela.kernels.hopper.seq_split import host_table, segment_table, split_forward
 
 F64 = torch.float64
@@ -25,8 +25,11 @@ def test_segment_table_cuts_each_sequence_at_chunk_multiples():
     assert (plan.segment_chunks, plan.num_segments, plan.max_per_sequence) == (2, 8, 3)
     expected = ([0, 128, 256, 300, 301, 301, 429, 431, 495],
                 [0, 3, 4, 5, 7, 8],  # each sequence's first segment (and the count at the end)
-                [0, 5, 10, 1, 2, 3, 8, 4],  # j * N + n on the delta rule's [3, 5] combine grid
-                [2, 3, 4, 6, 7])
+                [0, 2, 4, 7, 8, 1, 3, 10],  # grid slots j * 2 + m of sequences 0 and 3, else 3 * 2 + n
+                [2, 3, 4, 6, 7],
+                [0, 3],  # the sequences cut into more than one segment
+                [0, 1, 2, 5, 6],  # their segments
+                [0, 2, 4, 1, 3])  # and those segments' slots on the delta rule's [3, 2] combine grid
     assert host_table(plan) == expected
     table = segment_table(plan, torch.device("cpu"))
     assert [t.tolist() for t in table] == list(expected)
@@ -42,20 +45,21 @@ def test_segment_plan_rejects_empty_segments():
     ([32768], 8, "scalar", True, 64),  # GDN, 32 CTAs of K / 4 for 512 chunks: 8 segments, 0.26 against 0.95 ms
     ([32768], 16, "scalar", True, 64),  # under the warm-up the decaying heads skip the transitions
     ([32768], 32, "scalar", True, 128),  # a quarter of the heads through the transitions: 0.90 against 0.95 ms
-    ([8192], 8, "scalar", True, 16),
+    ([8192], 8, "scalar", True, 32),
     ([32768], 16, "scalar", False, 64),  # the plain update's transitions are cheaper: V alone
     ([8192], 16, "none", False, 32),  # ladder level 1: split at 16 heads (K / 2 blocks), not at 32
     ([8192], 16, "scalar", False, 16),  # level 2: K blocks (its Vd writers make K / 2 dearer)
     ([8192], 32, "scalar", False, None),
     ([32768], 16, "none", False, 128),
-    ([10000, 1, 190], 4, "scalar", True, 27),  # the layouts the GPU tests split (tests/test_gpu_ops.py)
-    ([10000, 1, 190], 4, "scalar", False, 14),  # the sequence cut into 12 segments
-    ([30000, 1, 190], 4, "none", True, 40),
+    ([10000, 1, 190], 4, "scalar", True, 20),  # the layouts the GPU tests split (tests/test_gpu_ops.py)
+    ([10000, 1, 190], 4, "scalar", False, 10),  # the sequence cut into 16 segments
+    ([30000, 1, 190], 4, "none", True, 30),
     ([10000, 1, 190], 4, "none", True, None),  # delta_rule: K / 8 blocks fill the GPU unsplit
     ([32768], 16, "none", True, None),
     ([8192], 4, "scalar", True, 16),
     ([2048], 8, "scalar", True, None),
     ([28672, 4096], 8, "scalar", True, 64),
+    ([16384] + [128] * 63, 16, "scalar", True, 43),  # the combine over the one long sequence alone
     ([1024] * 8, 8, "scalar", True, None),
 ])
 def test_auto_split_splits_only_long_sequences_on_small_grids(lengths, heads, gate, delta, segment_chunks):
@@ -70,7 +74,10 @@ def test_modelled_split_time_adds_both_passes_and_the_combine():
     # transitions (state alone, V = 2K): the faster of 64 sequence-heads x 4 DV blocks of K / 2 (two waves of 132
     # SMs) and 128 CTAs of K (one wave); outputs: 128 CTAs of K / 2, one wave
     transitions = min(2 * 64 * CHUNK_US[("gdn", 2, False)], 64 * CHUNK_US[("gdn", 1, False)])
-    expected = (transitions + 64 * CHUNK_US[("gdn", 2, True)]) * 1e-3 + SPLIT_FIXED_MS[True] + 7 * COMBINE_STEP_MS[True]
+    # the combine: 7 steps of 8 small products (the per-step cost), the slot grid's copy of 8 x 8 [B | M] states
+    copy_ms = 1e3 * 8 * 8 * 128 * 256 * 4 * 2 / COMBINE_COPY_BYTES_PER_S
+    expected = ((transitions + 64 * CHUNK_US[("gdn", 2, True)]) * 1e-3 + SPLIT_FIXED_MS[True]
+                + 7 * COMBINE_STEP_MS[True] + copy_ms)
     assert modelled_ms([32768], 8, 132, plan) == pytest.approx(expected)
     # unsplit: 32 CTAs of K / 4
     assert modelled_ms([32768], 8, 132, None) == pytest.approx(512 * CHUNK_US[("gdn", 4, True)] * 1e-3)

@@ -70,6 +70,12 @@ CHUNK_US = {
 # "the plain update's lean split, two output groups" (plain update).
 SPLIT_FIXED_MS = {True: 0.07, False: 0.015}
 COMBINE_STEP_MS = {True: 0.005, False: 0.0005}
+# The delta rule's combine over the M sequences cut into more than one segment (seq_split.split_forward): each step
+# a batched fp32 product of M x HV pairs of K x K and K x V matrices on the CUDA cores, and the [P, M] grid's copy
+# of the transitions' [B | M]; at many split sequences these, not the per-step launch, decide (64 sequences at 16
+# heads: about 0.1 ms a step).
+COMBINE_FP32_FLOPS = 50e12
+COMBINE_COPY_BYTES_PER_S = 3e12
 SEGMENT_CHUNKS = (8, 16, 32, 64, 128, 256)
 # Segments per sequence of the wave-sized candidates: the longest sequence cut into this many equal segments.
 SEGMENT_COUNTS = (2, 3, 4, 6, 8, 12, 16, 24, 32)
@@ -105,13 +111,28 @@ def modelled_us(K: int, V: int, grid: int, chunks: int, block_DV: int, sms: int,
     return math.ceil(grid * (V // block_DV) / sms) * chunks * CHUNK_US[(rule, K // block_DV, store_output)]
 
 
-def default_block_DV(K: int, V: int, grid: int, sms: int = 132, store_output: bool = True, rule: str = "gdn") -> int:
+def default_block_DV(K: int, V: int, grid: int, sms: int = 132, store_output: bool = True, rule: str = "gdn",
+                     chains: "Chains | None" = None) -> int:
     """The DV block (of dv_blocks(K) with a chunk period; 16 columns only at K = 128) of least modelled time for
     grid = sequences x value heads on sms SMs; the larger block on a tie (q/k loads and Q K^T once per block).
-    V > K only in the split's delta-rule transitions (V = 2K: the [V | 0] value)."""
+    chains: the sequences' chunk chains (Chains; grid = chains.count x heads), so that a skewed batch's longest
+    chain counts at its own period; None: equal chains. V > K only in the split's delta-rule transitions (V = 2K:
+    the [V | 0] value)."""
     blocks = [block for block in dv_blocks(K) if (block >= 32 or K >= 128) and (rule, K // block, store_output)
               in CHUNK_US]
-    return min(blocks, key=lambda block: modelled_us(K, V, grid, 1, block, sms, store_output, rule))
+    if chains is None or chains.count == 0:
+        return min(blocks, key=lambda block: modelled_us(K, V, grid, 1, block, sms, store_output, rule))
+    heads = grid // chains.count
+    return min(blocks, key=lambda block: chains_us(K, V, heads, chains, block, sms, store_output, rule))
+
+
+def chains_us(K: int, V: int, heads: int, chains: "Chains", block_DV: int, sms: int, store_output: bool,
+              rule: str) -> float:
+    """Modelled time of a launch over chains x heads x DV blocks CTAs: the longest chains' waves, or the whole work
+    spread over the SMs where the shorter chains outweigh them (a skewed varlen batch)."""
+    ctas = heads * (V // block_DV)
+    longest = math.ceil(chains.longest_count * ctas / sms) * chains.longest
+    return CHUNK_US[(rule, K // block_DV, store_output)] * max(longest, chains.total * ctas / sms)
 
 
 # ---- sequence split --------------------------------------------------------------------------------------------
@@ -135,12 +156,9 @@ class SegmentPlan:
 
 
 def _pass_ms(K: int, V: int, heads: int, chains: "Chains", sms: int, store_output: bool, rule: str) -> float:
-    """A launch over chains x heads x DV blocks CTAs: the longest chains' waves, or the whole work spread over the
-    SMs where the shorter chains outweigh them (a skewed varlen batch)."""
-    block = default_block_DV(K, V, chains.count * heads, sms, store_output, rule)
-    ctas = heads * (V // block)
-    longest = math.ceil(chains.longest_count * ctas / sms) * chains.longest
-    return 1e-3 * CHUNK_US[(rule, K // block, store_output)] * max(longest, chains.total * ctas / sms)
+    """chains_us at the DV block default_block_DV picks for the chains, in ms."""
+    block = default_block_DV(K, V, chains.count * heads, sms, store_output, rule, chains)
+    return 1e-3 * chains_us(K, V, heads, chains, block, sms, store_output, rule)
 
 
 @dataclass(frozen=True)
@@ -191,7 +209,18 @@ def modelled_ms(lengths, heads: int, sms: int, split: SegmentPlan | None, K: int
     warmed = warmup and unbounded < 1  # some heads start their outputs early
     outputs = _pass_ms(K, K, heads, Chains.of(lengths, split.segment_chunks, WARMUP_CHUNKS) if warmed else segments,
                        sms, True, rule)
-    return transitions + outputs + SPLIT_FIXED_MS[delta] + (split.max_per_sequence - 1) * COMBINE_STEP_MS[delta]
+    return transitions + outputs + SPLIT_FIXED_MS[delta] + _combine_ms(split, heads, K, delta)
+
+
+def _combine_ms(split: SegmentPlan, heads: int, K: int, delta: bool) -> float:
+    """The combine's steps (one per segment index past the first) and, with the delta rule, their products and the
+    grid's copy over the sequences cut into more than one segment and the value heads (V = K)."""
+    steps = split.max_per_sequence - 1
+    if not delta:
+        return steps * COMBINE_STEP_MS[False]
+    pairs = sum(1 for n in split.lengths if n > CHUNK * split.segment_chunks) * heads
+    step = max(COMBINE_STEP_MS[True], 1e3 * pairs * 2 * K**3 / COMBINE_FP32_FLOPS)
+    return steps * step + 1e3 * split.max_per_sequence * pairs * K * 2 * K * 4 * 2 / COMBINE_COPY_BYTES_PER_S
 
 
 def segment_sizes(longest: int) -> list[int]:
@@ -407,26 +436,28 @@ def _plan(*, dtype: str, beta_dtype: str | None, gate_dtype: str | None, gate: s
     kkt = kkt_key(CHUNK, "blocked", dtype, gate, HV // H) if delta and not factors else None
     rule = update_rule(gate, delta)
 
-    def state_pass(V_pass, grid, varlen_pass, h0, ht, store_output, block=None, warmup=False):
+    def state_pass(V_pass, chains, varlen_pass, h0, ht, store_output, block=None, warmup=False):
         if not ws:
             tiles = loop_tiles(K, gate, delta, dtype)
         else:
-            tiles = (block or default_block_DV(K, V_pass, grid, sms, store_output, rule), store_output, warmup)
+            block = block or default_block_DV(K, V_pass, chains.count * HV, sms, store_output, rule, chains)
+            tiles = (block, store_output, warmup)
         return PassConfig("ws" if ws else "loop", K, V_pass, float(scale), gate, delta, dtype, beta_dtype,
                           varlen_pass, h0, ht, tiles)
 
     if split is None:
-        passes = (state_pass(V, len(lengths) * HV, varlen, initial_state, output_final_state, outputs, block_DV),)
+        passes = (state_pass(V, Chains.of(lengths), varlen, initial_state, output_final_state, outputs, block_DV),)
         combine = None
     else:
-        grid = split.num_segments * HV
         # transitions: the state alone over every segment from a zero state (plain update: value V, combine after),
         # or from [0 | I] with the value [V | 0], both formed in the pass (delta rule: [B | M] out); outputs from the
         # entering states; under
         # the warm-up both read its table (transitions only where it leaves them, outputs from the warm-up start)
         warmup = warms(gate, delta)
-        transitions = state_pass(2 * V if delta else V, grid, True, False, True, False, warmup=warmup)
-        passes = (transitions, state_pass(V, grid, True, True, delta and output_final_state, True, warmup=warmup))
+        segments = Chains.of(lengths, split.segment_chunks)
+        transitions = state_pass(2 * V if delta else V, segments, True, False, True, False, warmup=warmup)
+        warmed = Chains.of(lengths, split.segment_chunks, WARMUP_CHUNKS) if warmup else segments
+        passes = (transitions, state_pass(V, warmed, True, True, delta and output_final_state, True, warmup=warmup))
         combine = None if delta else (K, V, gate, initial_state)
     return Plan(gate, delta, dtype, int(tokens), lengths, H, HV, K, V, bool(initial_state), bool(output_final_state),
                 cumsum, kkt,

@@ -47,28 +47,41 @@ from .plan import CHUNK, SegmentPlan
 
 class SegmentTable(NamedTuple):
     """A plan's segments as index tensors (int32): cu_segments [S + 1] the segments' token boundaries (the passes'
-    varlen layout); first [N + 1]: sequence n's segments are first[n] to first[n + 1] - 1; slot [S]: segment s, the
-    j-th of sequence n, at slot j * N + n of the delta rule's [P, N] combine grid (P = plan.max_per_sequence);
-    last [N]: each sequence's last segment."""
+    varlen layout); first [N + 1]: sequence n's segments are first[n] to first[n + 1] - 1; last [N]: each
+    sequence's last segment. The delta rule's combine runs over the M sequences cut into more than one segment
+    (split [M], in order), on a [P, M] grid (P = plan.max_per_sequence): combined [C] those sequences' segments
+    and grid [C] their slots, j * M + m for the j-th segment of the m-th of them; slot [S]: the row of segment s's
+    entering state in the combine's rows, [P * M] of the grid, then [N] of the sequences' initial states (a
+    sequence in one segment enters from its own)."""
 
     cu_segments: torch.Tensor
     first: torch.Tensor
     slot: torch.Tensor
     last: torch.Tensor
+    split: torch.Tensor
+    combined: torch.Tensor
+    grid: torch.Tensor
 
 
 def host_table(plan: SegmentPlan) -> tuple[list[int], ...]:
-    """The SegmentTable's four tensors as host lists, from plan.lengths."""
-    tokens, N = CHUNK * plan.segment_chunks, len(plan.lengths)
-    starts, first, slots, last, bos = [], [0], [], [], 0
-    for n, length in enumerate(plan.lengths):
-        count = max(1, math.ceil(length / tokens))
+    """The SegmentTable's tensors as host lists, from plan.lengths."""
+    tokens, N, P = CHUNK * plan.segment_chunks, len(plan.lengths), plan.max_per_sequence
+    counts = [max(1, math.ceil(length / tokens)) for length in plan.lengths]
+    split = [n for n, count in enumerate(counts) if count > 1]
+    M, rank = len(split), {n: m for m, n in enumerate(split)}
+    starts, first, slots, last, combined, grid, bos = [], [0], [], [], [], [], 0
+    for n, (length, count) in enumerate(zip(plan.lengths, counts)):
         starts += [bos + j * tokens for j in range(count)]
-        slots += [j * N + n for j in range(count)]
+        if n in rank:
+            combined += range(len(slots), len(slots) + count)
+            grid += [j * M + rank[n] for j in range(count)]
+            slots += grid[-count:]
+        else:
+            slots.append(P * M + n)
         first.append(len(slots))
         last.append(len(slots) - 1)
         bos += length
-    return starts + [bos], first, slots, last
+    return starts + [bos], first, slots, last, split, combined, grid
 
 
 def segment_table(plan: SegmentPlan, device: torch.device) -> SegmentTable:
@@ -86,7 +99,9 @@ def segment_table(plan: SegmentPlan, device: torch.device) -> SegmentTable:
 
 def _views(table: torch.Tensor, plan: SegmentPlan) -> SegmentTable:
     S, N = plan.num_segments, len(plan.lengths)
-    return SegmentTable(*table.split([S + 1, N + 1, S, N]))
+    M = sum(1 for n in plan.lengths if n > CHUNK * plan.segment_chunks)
+    C = S - (N - M)
+    return SegmentTable(*table.split([S + 1, N + 1, S, N, M, C, C]))
 
 
 def _host_tensor(plan: SegmentPlan) -> torch.Tensor:
@@ -149,9 +164,10 @@ def split_forward(transitions, outputs, combine, q, k, v, g, beta, A, initial_st
     outputs then take as a ninth argument, warm; None: no warm-up.
 
     Plain update: the transitions from a zero state give B, the combine S_in and the final states. Delta rule: the
-    transitions on [V | 0] from [0 | I] give [B | M], and the combine walks the [P, N] slot grid: step j is one
-    batched fp32 product over the N sequences and HV heads, S_in[j + 1] = M[j] S_in[j] + B[j]; a sequence with fewer
-    than P segments has M = B = 0 in its empty slots, whose entering states are never read."""
+    transitions on [V | 0] from [0 | I] give [B | M], and the combine walks the [P, M] grid of the M sequences
+    cut into more than one segment (SegmentTable): step j is one batched fp32 product over them and the HV heads,
+    S_in[j + 1] = M[j] S_in[j] + B[j]; a sequence with fewer than P segments has M = B = 0 in its empty slots,
+    whose entering states are never read; a sequence in one segment enters from its initial state."""
     B, Tn, HV, V = v.shape
     K = q.shape[-1]
     q1, k1, v1, g1, beta1, A1 = (None if x is None else x.reshape(1, B * Tn, *x.shape[2:])
@@ -165,16 +181,20 @@ def split_forward(transitions, outputs, combine, q, k, v, g, beta, A, initial_st
 
     warm = None if warmup is None else warmup(g1, table.cu_segments, table.first, split.segment_chunks)
     extra = () if warm is None else (warm,)
-    N, P = len(split.lengths), split.max_per_sequence
-    slot = table.slot.long()
-    batched = lambda x, j: x[j * N : (j + 1) * N].view(N * HV, K, x.shape[-1])  # noqa: E731
+    N, P, M = len(split.lengths), split.max_per_sequence, table.split.shape[0]
+    batched = lambda x, j: x[j * M : (j + 1) * M].view(M * HV, K, x.shape[-1])  # noqa: E731
     _, BM = transitions(q1, k1, v1, g1, beta1, A1, None, table.cu_segments, *extra)
-    BM_slot = BM.new_zeros(P * N, HV, K, V + K).index_copy_(0, slot, BM)
-    B_slot, M_slot = BM_slot[..., :V], BM_slot[..., V:]
-    S_slot = B_slot.new_empty(P * N, HV, K, V)
-    S_slot[:N] = 0 if initial_state is None else initial_state
+    BM_grid = BM.new_zeros(P * M, HV, K, V + K).index_copy_(0, table.grid.long(), BM[table.combined.long()])
+    B_grid, M_grid = BM_grid[..., :V], BM_grid[..., V:]
+    S_rows = B_grid.new_empty(P * M + N, HV, K, V)  # the grid's entering states, then the initial states
+    if initial_state is None:
+        S_rows[: M] = 0
+        S_rows[P * M :] = 0
+    else:
+        S_rows[: M] = initial_state[table.split.long()]
+        S_rows[P * M :] = initial_state
     for j in range(P - 1):
-        torch.baddbmm(batched(B_slot, j), batched(M_slot, j), batched(S_slot, j), out=batched(S_slot, j + 1))
-    o, ht = outputs(q1, k1, v1, g1, beta1, A1, S_slot[slot], table.cu_segments, *extra)
+        torch.baddbmm(batched(B_grid, j), batched(M_grid, j), batched(S_rows, j), out=batched(S_rows, j + 1))
+    o, ht = outputs(q1, k1, v1, g1, beta1, A1, S_rows[table.slot.long()], table.cu_segments, *extra)
     final = ht[table.last.long()] if output_final_state else None
     return o.view(B, Tn, HV, V), final
