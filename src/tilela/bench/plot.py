@@ -118,7 +118,9 @@ def latency_chart(op: str, records: list[dict[str, Any]], path: Path) -> Path | 
     plt = _pyplot()
     from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter, NullLocator
 
-    varying = [k for k, _ in next(iter(groups)) if len({dict(key)[k] for key in groups}) > 1]
+    # the parameters that tell the groups apart (a record may lack one that later benches added)
+    names = dict.fromkeys(k for key in groups for k, _ in key)
+    varying = [k for k in names if len({dict(key).get(k) for key in groups}) > 1]
     impls = list(dict.fromkeys(r["impl"] for rs in groups.values() for r in rs))
     colors = _colors(ours, impls)
     ncols = min(4, len(groups))
@@ -138,7 +140,7 @@ def latency_chart(op: str, records: list[dict[str, Any]], path: Path) -> Path | 
         ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
         ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
         ax.yaxis.set_minor_formatter(NullFormatter())
-        ax.set_title(" ".join(f"{k}={dict(key)[k]}" for k in varying), fontsize=8)
+        ax.set_title(" ".join(f"{k}={dict(key).get(k)}" for k in varying), fontsize=8)
         ax.tick_params(labelsize=7)
         ax.grid(which="both", linewidth=0.3)
     for ax in axes.flat[len(groups):]:
