@@ -171,8 +171,8 @@ def test_gdn_split_with_warmup_matches_unsplit(name):
     float64: heads that warm up from a zero state (fast and moderate decay), heads that take the transitions (weak
     and no decay), heads entering from the initial state. The warm-up drops the past at e^-17 of the state: on the
     heads that warm up the split and unsplit states agree to 1e-5 (the same chunk products from the same rounded
-    state, but for the dropped past; o, in bf16, to its rounding); the transitions' heads differ by the pass's bf16 rounding of the [0 | I]
-    state's products, as far from the unsplit pass as either is from float64."""
+    state, but for the dropped past; o, in bf16, to its rounding); the transitions' heads differ by the pass's bf16
+    rounding of the [0 | I] state's products, as far from the unsplit pass as either is from float64."""
     case = dict(WARMUP_CASES[name])
     lengths, H, HV, segment_chunks = case["lengths"], case["H"], case["HV"], case["segment_chunks"]
     dtype, K = case.get("dtype", torch.bfloat16), 128

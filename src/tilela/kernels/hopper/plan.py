@@ -18,9 +18,12 @@ A plan answers, in this order:
 Each stage's static configuration is its compile key; the launchers pass it to the builder unchanged.
 
 Cost model. A state pass is bound by each CTA's serial chain of chunks with one CTA per SM, so a launch takes about
-waves x chunks x the chunk period of its (update rule, K / DV block, output group on). The periods (CHUNK_US, in us
-at K = 128 on the H200; K = 64 takes those of the same K / DV block) and the split's fixed and per-step costs are
-data fitted to H200 measurements; each table names the section of benchmarks/NOTES.md it comes from.
+waves x chunks x the chunk period of its (update rule, K / DV block, output group on); over chains of unequal length
+(a skewed varlen batch, the split's segments) the longest chains' waves or the whole work spread over the SMs,
+whichever is more (chains_us). The periods (CHUNK_US, in us at K = 128 on the H200; K = 64 takes those of the same
+K / DV block) and the split's fixed and per-step costs are data fitted to H200 measurements; each table names the
+section of benchmarks/NOTES.md it comes from. The split's combine products and copy are counted from their FLOPs
+and bytes.
 
 Glossary: "plain" the plain update without a scalar gate (the state adds K^T V straight from the input slots), "vd"
 the plain update through a written Vd = exp(gc_last - gc) ⊙ V (scalar gate), "gdn" the gated delta rule, "kda" the
@@ -451,8 +454,8 @@ def _plan(*, dtype: str, beta_dtype: str | None, gate_dtype: str | None, gate: s
     else:
         # transitions: the state alone over every segment from a zero state (plain update: value V, combine after),
         # or from [0 | I] with the value [V | 0], both formed in the pass (delta rule: [B | M] out); outputs from the
-        # entering states; under
-        # the warm-up both read its table (transitions only where it leaves them, outputs from the warm-up start)
+        # entering states; under the warm-up both read its table (transitions only where it leaves them, outputs
+        # from the warm-up start)
         warmup = warms(gate, delta)
         segments = Chains.of(lengths, split.segment_chunks)
         transitions = state_pass(2 * V if delta else V, segments, True, False, True, False, warmup=warmup)

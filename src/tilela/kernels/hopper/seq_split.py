@@ -4,13 +4,13 @@ parallelism, done exactly). Mirrors reference layer E (reference.seq_split):
     over a segment of chunks the pass is affine in its entering state:  S_out = M S_in + B
   1. transitions  the state pass alone (no output) over every segment, with the value extended to [V | 0] and the
                   entering state to [0 | I] (a K x (V + K) state; the pass forms both): its final state is [B | M].
-                  Without the delta
-                  rule M = exp(sum of g over the segment) I, a scalar per segment and head (1 without a gate), so
-                  the pass runs on V from a zero state for B alone
+                  Without the delta rule M = exp(sum of g over the segment) I, a scalar per segment and head (1
+                  without a gate), so the pass runs on V from a zero state for B alone
   2. entering     S_in(0) = the sequence's initial state (or 0), S_in(j + 1) = M_j S_in(j) + B_j, fp32: under the
                   plain update one launch of seq_combine.py (per sequence and value head, serial over its
                   segments, m_j summed from the gate there; it also gives the final states); with the delta rule
-                  one batched product per segment index over all sequences and heads (torch.baddbmm)
+                  one batched product per segment index over the sequences cut into segments and the heads
+                  (torch.baddbmm)
   3. outputs      the state/output pass over the segments as one varlen batch from the entering states; with the
                   delta rule a sequence's final state is that of its last segment
 
@@ -156,8 +156,8 @@ def split_forward(transitions, outputs, combine, q, k, v, g, beta, A, initial_st
 
     transitions / outputs: `pass(q, k, v, g, beta, A, h0, cu_seqlens) -> (o, final states)` in the varlen layout;
     transitions keep the state alone and store every segment's final state (with the delta rule from [0 | I] with
-    the value [v | 0], which the pass forms itself: h0 None, final states K x (V + K)), outputs store o (and, with the delta
-    rule, the final states when asked for). combine(B, g, cu_segments, first, h0) -> (S_in, final): the plain
+    the value [v | 0], which the pass forms itself: h0 None, final states K x (V + K)), outputs store o (and, with
+    the delta rule, the final states when asked for). combine(B, g, cu_segments, first, h0) -> (S_in, final): the plain
     update's step 2 (launch.seq_combine on the GPU, reference.entering_states elsewhere); None with the delta rule.
     warmup(g, cu_segments, first, max_chunks) -> table: the delta rule's warm-up table (launch.launch_warmup on the
     GPU, reference.warmup_table elsewhere; max_chunks the segment's chunks), which the delta rule's transitions and
