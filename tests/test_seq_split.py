@@ -242,3 +242,36 @@ def test_split_forward_with_warmup_matches_unsplit(segment_chunks):
         torch.testing.assert_close(S, S_ref, rtol=0, atol=1e-6)
     warm = tables[-1]  # both paths taken: warm-ups from a zero state, and (sequence, head)s through the transitions
     assert ((warm[0] >= 1) & (warm[1] == -1)).any() and (warm[0] == -1).any()
+
+
+def test_split_with_warmup_does_not_depend_on_the_head_sharding():
+    """Tensor-parallel shards hold some of the value heads, and their plans may cut the sequences differently: the
+    warm-up table of a head depends on that head's gate alone, so the heads of a shard split as they do in the
+    whole call, and a different segment size changes them by the dropped past only (e^-17 of the state)."""
+    lengths = [700, 1, 130]
+    p = _problem(True, True, lengths, G=4)  # H = 1, HV = 4: head 0 without decay, the others decaying
+    scale = 8 ** -0.5
+    gc = reference.chunk_local_cumsum(p["g"], 64, p["cu_seqlens"])
+    A = torch.zeros(*p["v"].shape[:3], 64, dtype=F64)
+
+    def run(heads, segment_chunks):
+        x = {name: p[name][:, :, heads] for name in ("v", "g", "beta")}  # q and k: one head, shared by all
+        x.update(q=p["q"], k=p["k"])
+        h0 = p["initial_state"][:, heads]
+        g_raw = x["g"].reshape(1, -1, len(heads))
+
+        def outputs(q, k, v, g_cumsum, beta, A, h0, cu, warm):
+            return reference.warmup_outputs(q, k, v, g_raw, beta, scale, h0, cu, warm)
+
+        return split_forward(_extending(_stand_in(x["g"], scale)), outputs, None, x["q"], x["k"], x["v"],
+                             gc[:, :, heads], x["beta"], A[:, :, heads], h0, True,
+                             SegmentPlan.of(lengths, segment_chunks), reference.warmup_table)
+
+    o, S = run([0, 1, 2, 3], 2)
+    for shard in ([0, 1], [2, 3]):
+        o_shard, S_shard = run(shard, 2)
+        torch.testing.assert_close(o_shard, o[:, :, shard], rtol=0, atol=0)
+        torch.testing.assert_close(S_shard, S[:, shard], rtol=0, atol=0)
+        o_other, S_other = run(shard, 3)  # a shard's plan may cut the sequences into other segments
+        torch.testing.assert_close(o_other, o[:, :, shard], rtol=0, atol=1e-6)
+        torch.testing.assert_close(S_other, S[:, shard], rtol=0, atol=1e-6)
