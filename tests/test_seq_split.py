@@ -160,10 +160,11 @@ def _stand_in(g_raw, scale):
 @pytest.mark.parametrize("segment_chunks", [1, 2, 3])
 @pytest.mark.parametrize("gate,delta", [(True, True), (False, True), (True, False), (False, False)],
                          ids=["gdn", "delta_rule", "simple_gla", "linear_attn"])
-@pytest.mark.parametrize("layout", ["varlen", "dense"])
+@pytest.mark.parametrize("layout", ["varlen", "dense", "single"])
 def test_split_forward_matches_unsplit(gate, delta, segment_chunks, layout):
+    """layout: varlen, a dense batch of two, one sequence (the combine over its segments in order, no gathers)."""
     lengths = [300, 1, 0, 130, 64] if layout == "varlen" else None
-    p = _problem(gate, delta, lengths, B=1 if lengths else 2, T=None if lengths else 200)
+    p = _problem(gate, delta, lengths, B=1 if lengths or layout == "single" else 2, T=None if lengths else 200)
     o_ref, S_ref = reference.chunked(**p)
     B, T = p["v"].shape[:2]
     plan = SegmentPlan.of(lengths or [T] * B, segment_chunks)

@@ -182,19 +182,23 @@ def split_forward(transitions, outputs, combine, q, k, v, g, beta, A, initial_st
     warm = None if warmup is None else warmup(g1, table.cu_segments, table.first, split.segment_chunks)
     extra = () if warm is None else (warm,)
     N, P, M = len(split.lengths), split.max_per_sequence, table.split.shape[0]
+    # one sequence cut into segments (a long-context call): its grid is its segments in order, and the entering
+    # states are the grid's rows, so no gathers or copies
+    alone = N == 1 and M == 1
     batched = lambda x, j: x[j * M : (j + 1) * M].view(M * HV, K, x.shape[-1])  # noqa: E731
     _, BM = transitions(q1, k1, v1, g1, beta1, A1, None, table.cu_segments, *extra)
-    BM_grid = BM.new_zeros(P * M, HV, K, V + K).index_copy_(0, table.grid.long(), BM[table.combined.long()])
+    BM_grid = BM if alone else BM.new_zeros(P * M, HV, K, V + K).index_copy_(0, table.grid.long(),
+                                                                              BM[table.combined.long()])
     B_grid, M_grid = BM_grid[..., :V], BM_grid[..., V:]
-    S_rows = B_grid.new_empty(P * M + N, HV, K, V)  # the grid's entering states, then the initial states
-    if initial_state is None:
-        S_rows[: M] = 0
-        S_rows[P * M :] = 0
+    S_rows = B_grid.new_empty(P * M + (0 if alone else N), HV, K, V)  # the grid's entering states, the initial ones
+    if alone:
+        S_rows[:1] = 0 if initial_state is None else initial_state
     else:
-        S_rows[: M] = initial_state[table.split.long()]
-        S_rows[P * M :] = initial_state
+        S_rows[:M] = 0 if initial_state is None else initial_state[table.split.long()]
+        S_rows[P * M :] = 0 if initial_state is None else initial_state
     for j in range(P - 1):
         torch.baddbmm(batched(B_grid, j), batched(M_grid, j), batched(S_rows, j), out=batched(S_rows, j + 1))
-    o, ht = outputs(q1, k1, v1, g1, beta1, A1, S_rows[table.slot.long()], table.cu_segments, *extra)
-    final = ht[table.last.long()] if output_final_state else None
+    entering = S_rows if alone else S_rows[table.slot.long()]
+    o, ht = outputs(q1, k1, v1, g1, beta1, A1, entering, table.cu_segments, *extra)
+    final = None if not output_final_state else ht[-1:] if alone else ht[table.last.long()]
     return o.view(B, Tn, HV, V), final
