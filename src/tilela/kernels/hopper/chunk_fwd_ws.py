@@ -86,7 +86,7 @@ import tilelang.language as T
 from tvm.script.ir_builder import IRBuilder
 
 from .common import TILE as CHUNK
-from .common import exp_e, state_pass_contract
+from .common import exp_e, extended_value, state_pass_contract
 from .plan import update_rule
 
 GROUP = 128  # threads of a warp group
@@ -306,7 +306,7 @@ def chunk_fwd_ws_kernel(
     comes from the warm-up)."""
     if warmup and not is_varlen:
         raise ValueError("warmup: the warm-up table indexes the split's segments, a varlen layout; got is_varlen=False")
-    extended = V == 2 * K  # the split's transitions: [v | 0] from [0 | I]
+    extended = extended_value(K, V)  # the split's transitions: [v | 0] from [0 | I]
     if extended and (store_output or use_initial_state or not delta):
         raise ValueError(f"V: 2K is the delta rule's transitions (the state alone from [0 | I] formed here), got "
                          f"store_output={store_output}, use_initial_state={use_initial_state}, delta={delta}")

@@ -152,6 +152,12 @@ def channel_score_dtype(dtype: str) -> str:
     return "float32" if dtype == "float16" else dtype
 
 
+def extended_value(K, V):
+    """Whether a state pass of these sizes is the delta rule's split transitions (V = 2K): v of K columns, extended to
+    [v | 0] in the pass (hopper/chunk_fwd_ws.py)."""
+    return V == 2 * K
+
+
 def state_pass_contract(K, V, gate, delta, dtype, beta_dtype, scores=False, warmup=False):
     """The launch contract both state/output passes (hopper/chunk_fwd.py, hopper/chunk_fwd_ws.py) compile against,
     as a namespace: the dynamic sizes B, Tn, H, HV, NS1 (batch, tokens, q/k heads, value heads, len(cu_seqlens))
@@ -171,7 +177,7 @@ def state_pass_contract(K, V, gate, delta, dtype, beta_dtype, scores=False, warm
     the value to [V | 0] itself; h0 and ht have V."""
     B, Tn, H, HV, N0, N1, NS1, NSL, NW = T.dynamic("B, Tn, H, HV, N0, N1, NS1, NSL, NW")
     accum = "float32"
-    V_in = K if V == 2 * K else V  # the value's columns in memory
+    V_in = K if extended_value(K, V) else V  # the value's columns in memory
     g_shape = [NSL, HV, K] if scores else {"none": [1], "scalar": [B, Tn, HV], "channel": [B, Tn, HV, K]}[gate]
     return SimpleNamespace(
         B=B, Tn=Tn, H=H, HV=HV, NS1=NS1,

@@ -107,24 +107,17 @@ def dv_blocks(K: int, gate: str = "none", delta: bool = False) -> tuple[int, ...
     return tuple(block for block in (K, K // 2, K // 4, K // 8) if 16 <= block <= top)
 
 
-def modelled_us(K: int, V: int, grid: int, chunks: int, block_DV: int, sms: int, store_output: bool = True,
-                rule: str = "gdn") -> float:
-    """Modelled time of one warp-specialised launch: waves of CTAs (grid = sequences x value heads, times V / DV
-    blocks) times the chunk chain."""
-    return math.ceil(grid * (V // block_DV) / sms) * chunks * CHUNK_US[(rule, K // block_DV, store_output)]
-
-
 def default_block_DV(K: int, V: int, grid: int, sms: int = 132, store_output: bool = True, rule: str = "gdn",
                      chains: "Chains | None" = None) -> int:
     """The DV block (of dv_blocks(K) with a chunk period; 16 columns only at K = 128) of least modelled time for
     grid = sequences x value heads on sms SMs; the larger block on a tie (q/k loads and Q K^T once per block).
     chains: the sequences' chunk chains (Chains; grid = chains.count x heads), so that a skewed batch's longest
-    chain counts at its own period; None: equal chains. V > K only in the split's delta-rule transitions (V = 2K:
-    the [V | 0] value)."""
+    chain counts at its own period; None: grid chains of one chunk each. V > K only in the split's delta-rule
+    transitions (V = 2K: the [V | 0] value)."""
     blocks = [block for block in dv_blocks(K) if (block >= 32 or K >= 128) and (rule, K // block, store_output)
               in CHUNK_US]
     if chains is None or chains.count == 0:
-        return min(blocks, key=lambda block: modelled_us(K, V, grid, 1, block, sms, store_output, rule))
+        chains = Chains(grid, 1, grid, grid)
     heads = grid // chains.count
     return min(blocks, key=lambda block: chains_us(K, V, heads, chains, block, sms, store_output, rule))
 
@@ -142,11 +135,13 @@ def chains_us(K: int, V: int, heads: int, chains: "Chains", block_DV: int, sms: 
 @dataclass(frozen=True)
 class SegmentPlan:
     """A split of sequences of the given host lengths: segment_chunks chunks per segment (a sequence's last segment
-    may be shorter), num_segments over all sequences, max_per_sequence of any one sequence."""
+    may be shorter), num_segments over all sequences, max_per_sequence of any one sequence, num_split sequences cut
+    into more than one (those the delta rule's combine runs over)."""
 
     segment_chunks: int
     num_segments: int
     max_per_sequence: int
+    num_split: int
     lengths: tuple[int, ...]
 
     @classmethod
@@ -154,8 +149,13 @@ class SegmentPlan:
         if segment_chunks < 1:
             raise ValueError(f"segment_chunks: expected >= 1, got {segment_chunks}")
         lengths = tuple(int(n) for n in lengths)
-        counts = [max(1, math.ceil(n / (CHUNK * segment_chunks))) for n in lengths]
-        return cls(segment_chunks, sum(counts), max(counts, default=1), lengths)
+        counts = [segment_count(n, segment_chunks) for n in lengths]
+        return cls(segment_chunks, sum(counts), max(counts, default=1), sum(c > 1 for c in counts), lengths)
+
+
+def segment_count(length: int, segment_chunks: int) -> int:
+    """Segments of one sequence of `length` tokens (an empty sequence keeps one)."""
+    return max(1, math.ceil(length / (CHUNK * segment_chunks)))
 
 
 def _pass_ms(K: int, V: int, heads: int, chains: "Chains", sms: int, store_output: bool, rule: str) -> float:
@@ -221,7 +221,7 @@ def _combine_ms(split: SegmentPlan, heads: int, K: int, delta: bool) -> float:
     steps = split.max_per_sequence - 1
     if not delta:
         return steps * COMBINE_STEP_MS[False]
-    pairs = sum(1 for n in split.lengths if n > CHUNK * split.segment_chunks) * heads
+    pairs = split.num_split * heads
     step = max(COMBINE_STEP_MS[True], 1e3 * pairs * 2 * K**3 / COMBINE_FP32_FLOPS)
     return steps * step + 1e3 * split.max_per_sequence * pairs * K * 2 * K * 4 * 2 / COMBINE_COPY_BYTES_PER_S
 

@@ -37,12 +37,11 @@ off). The split's cost model and the SegmentPlan live in plan.py.
 """
 
 import functools
-import math
 from typing import NamedTuple
 
 import torch
 
-from .plan import CHUNK, SegmentPlan
+from .plan import CHUNK, SegmentPlan, segment_count
 
 
 class SegmentTable(NamedTuple):
@@ -66,7 +65,7 @@ class SegmentTable(NamedTuple):
 def host_table(plan: SegmentPlan) -> tuple[list[int], ...]:
     """The SegmentTable's tensors as host lists, from plan.lengths."""
     tokens, N, P = CHUNK * plan.segment_chunks, len(plan.lengths), plan.max_per_sequence
-    counts = [max(1, math.ceil(length / tokens)) for length in plan.lengths]
+    counts = [segment_count(length, plan.segment_chunks) for length in plan.lengths]
     split = [n for n, count in enumerate(counts) if count > 1]
     M, rank = len(split), {n: m for m, n in enumerate(split)}
     starts, first, slots, last, combined, grid, bos = [], [0], [], [], [], [], 0
@@ -98,8 +97,7 @@ def segment_table(plan: SegmentPlan, device: torch.device) -> SegmentTable:
 
 
 def _views(table: torch.Tensor, plan: SegmentPlan) -> SegmentTable:
-    S, N = plan.num_segments, len(plan.lengths)
-    M = sum(1 for n in plan.lengths if n > CHUNK * plan.segment_chunks)
+    S, N, M = plan.num_segments, len(plan.lengths), plan.num_split
     C = S - (N - M)
     return SegmentTable(*table.split([S + 1, N + 1, S, N, M, C, C]))
 
@@ -181,7 +179,7 @@ def split_forward(transitions, outputs, combine, q, k, v, g, beta, A, initial_st
 
     warm = None if warmup is None else warmup(g1, table.cu_segments, table.first, split.segment_chunks)
     extra = () if warm is None else (warm,)
-    N, P, M = len(split.lengths), split.max_per_sequence, table.split.shape[0]
+    N, P, M = len(split.lengths), split.max_per_sequence, split.num_split
     # one sequence cut into segments (a long-context call): its grid is its segments in order, and the entering
     # states are the grid's rows, so no gathers or copies
     alone = N == 1 and M == 1
