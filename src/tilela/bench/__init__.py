@@ -109,14 +109,15 @@ def hopper_plan(x: dict[str, Any], lengths: list[int], K: int, gate: str, **opti
                             varlen=x.get("cu_seqlens") is not None, **options)
 
 
-def ours_unsplit(x: dict[str, Any], lengths: list[int], K: int, gate: str) -> torch.Tensor | None:
-    """o of our Hopper pipeline with the sequence split turned off, or None where the public op does not split
-    this call (then the row would repeat the op's)."""
+def ours_variant(x: dict[str, Any], lengths: list[int], K: int, gate: str, **options) -> torch.Tensor | None:
+    """o of our Hopper pipeline with make_plan's options (split=None: the sequence split off; fused=False: the ws
+    pass without its fused layout), or None where they leave the public op's plan (the row would repeat the
+    op's)."""
     from tilela.kernels import hopper
 
-    if hopper_plan(x, lengths, K, gate).split is None:
+    plan = hopper_plan(x, lengths, K, gate, **options)
+    if plan == hopper_plan(x, lengths, K, gate):
         return None
-    plan = hopper_plan(x, lengths, K, gate, split=None)
     o, _ = hopper.forward(plan, x["q"], x["k"], x["v"], x.get("g"), x.get("beta"), x.get("initial_state"),
                           x.get("cu_seqlens"))
     return o

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from tilela import reference
 
-from . import Bench, Case, _try_import, ours_unsplit
+from . import Bench, Case, _try_import, ours_variant
 
 DIM = 128
 CHUNK = 64
@@ -69,7 +69,7 @@ def _ours(case, x):
 
 
 def _ours_unsplit(case, x):
-    return ours_unsplit(x, [case.params["T"]], case.params["K"], GATES[case.params["level"]])
+    return ours_variant(x, [case.params["T"]], case.params["K"], GATES[case.params["level"]], split=None)
 
 
 def _ours_seq_in_grid(case, x):
