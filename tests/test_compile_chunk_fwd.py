@@ -73,12 +73,6 @@ CASES = [
     ("ws_warmsplit_half", "scalar", True, 64, "float16", "float16", (True, False, True)),
     ("ws_warm_quarter", "scalar", True, 128, "bfloat16", "float32", FLAGS[0]),
     ("ws_warm_full", "scalar", True, 64, "float16", "float32", (True, True, False)),
-    # the fused layout (one math warp group on S^T, two CTAs per SM): GDN and delta_rule, GDN's split outputs
-    ("ws_fused", "scalar", True, 128, "bfloat16", "float32", FLAGS[0]),
-    ("ws_fused", "scalar", True, 64, "float16", "float16", FLAGS[1]),
-    ("ws_fused", "none", True, 128, "float16", "float32", FLAGS[2]),
-    ("ws_fused", "none", True, 64, "bfloat16", "float32", FLAGS[3]),
-    ("ws_warmfused", "scalar", True, 128, "bfloat16", "float32", (True, True, True)),
     ("chunk_fwd", "scalar", True, 128, "float16", "float16", FLAGS[0]),  # GDN with a half-precision beta
     ("chunk_fwd", "scalar", True, 256, "bfloat16", "float32", FLAGS[0]),
     ("chunk_fwd", "scalar", True, 256, "float16", "float32", FLAGS[1]),
@@ -101,7 +95,7 @@ def _lower(case):
     from tilela.kernels.hopper.chunk_fwd import chunk_fwd_kernel
     from tilela.kernels.hopper.chunk_fwd_ws import chunk_fwd_ws_kernel
     from tilela.kernels.hopper.common import pass_configs
-    from tilela.kernels.hopper.plan import FUSED_DV, loop_tiles
+    from tilela.kernels.hopper.plan import loop_tiles
 
     kind, gate, delta, K, dtype, beta_dtype, flags = case
     H, HV = 2, 4
@@ -111,10 +105,8 @@ def _lower(case):
     elif kind.startswith("ws"):
         split = kind.startswith(("ws_split", "ws_warmsplit"))
         V = 2 * K if split and delta else K  # the transitions' [V | 0] value with the delta rule
-        fused = kind.endswith("fused")
-        block_DV = FUSED_DV if fused else K // DV_FRACTION[kind.rsplit("_", 1)[1]]
-        func = chunk_fwd_ws_kernel(K, V, K**-0.5, gate, delta, dtype, beta_dtype or "float32", *flags, block_DV,
-                                   not split, kind.startswith("ws_warm"), fused)
+        func = chunk_fwd_ws_kernel(K, V, K**-0.5, gate, delta, dtype, beta_dtype or "float32", *flags,
+                                   K // DV_FRACTION[kind.rsplit("_", 1)[1]], not split, kind.startswith("ws_warm"))
     else:
         func = linear_attn_seq_in_grid_kernel(H, HV, K, K, K**-0.5, dtype, *flags)
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})

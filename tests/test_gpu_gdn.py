@@ -41,7 +41,7 @@ def make_inputs(B, T, H, HV, K, dtype, beta_dtype, gate, seed):
 
 
 def run_case(B, T, H, HV, K, dtype=torch.bfloat16, beta_dtype=torch.float32, gate="mixed", cu_seqlens=None,
-             use_h0=True, store_ht=True, seed=0, kernel="auto", segment_chunks=None, block_DV=None, fused="auto"):
+             use_h0=True, store_ht=True, seed=0, kernel="auto", segment_chunks=None, block_DV=None):
     N = B if cu_seqlens is None else len(cu_seqlens) - 1
     q, k, v, g, beta, h0 = make_inputs(B, T, H, HV, K, dtype, beta_dtype, gate, seed)
     h0 = h0[:1].expand(N, -1, -1, -1).contiguous() if use_h0 else None
@@ -55,7 +55,7 @@ def run_case(B, T, H, HV, K, dtype=torch.bfloat16, beta_dtype=torch.float32, gat
     h0 = None if h0 is None else h0.float().cuda()
     plan = hopper.plan_call(q, v, gc, beta, scale, gate="scalar", lengths=lengths, initial_state=h0 is not None,
                             output_final_state=store_ht, varlen=cu is not None, g_input="cumsum", kernel=kernel,
-                            block_DV=block_DV, fused=fused,
+                            block_DV=block_DV,
                             split=None if segment_chunks is None else SegmentPlan.of(lengths, segment_chunks))
     o, ht = hopper.forward(plan, q, k, v, gc, beta, h0, None if cu is None else cu.cuda(), A=A)
     torch.cuda.synchronize()
@@ -82,15 +82,13 @@ CASES = {
     "varlen_128_72ctas": dict(B=1, T=700, H=4, HV=8, K=128, gate="decay",
                               cu_seqlens=[0, 1, 100, 164, 165, 300, 420, 555, 640, 700]),
 }
-# the ws pass in its fused layout (one math warp group on S^T) and in its four groups, and the loop pass
-LAYOUTS = {"fused": dict(kernel="ws", fused=True), "ws": dict(kernel="ws", fused=False), "loop": dict(kernel="loop")}
-KERNEL_CASES = [(name, kernel) for name in CASES for kernel in LAYOUTS if CASES[name]["K"] <= 128 or
+KERNEL_CASES = [(name, kernel) for name in CASES for kernel in ("ws", "loop") if CASES[name]["K"] <= 128 or
                 kernel == "loop"]
 
 
 @pytest.mark.parametrize("name,kernel", KERNEL_CASES, ids=[f"{n}-{k}" for n, k in KERNEL_CASES])
 def test_gdn_forward_matches_reference(name, kernel):
-    err_o, err_s = run_case(**CASES[name], **LAYOUTS[kernel])
+    err_o, err_s = run_case(**CASES[name], kernel=kernel)
     assert err_o < TOL, f"o rel L2 {err_o:.3e}"
     assert err_s < TOL, f"final state rel L2 {err_s:.3e}"
 

@@ -73,23 +73,7 @@ def test_gdn_plan_names_its_stages_once():
     assert plan.factors is None and plan.split is None and plan.combine is None
     (cfg,) = plan.passes
     assert cfg.kernel == "ws" and cfg.args == (128, 128, 1.0, "scalar", True, "bfloat16", "float32", False, False,
-                                               True, 64, True, False, True)
-    four_groups = _plan(H=2, HV=8, lengths=[2048], tokens=2048, fused=False).output
-    assert four_groups.args[-4:] == (32, True, False, False) and not four_groups.fused
-
-
-def test_fused_layout_where_it_covers():
-    """fused="auto" takes the fused layout for the delta rule's passes with output (the split's outputs too, not its
-    transitions) unless a DV block is asked for; fused=True where it does not cover raises."""
-    split = _plan(H=2, HV=8, lengths=[32768], tokens=32768)
-    assert split.split is not None and [cfg.fused for cfg in split.passes] == [False, True]
-    assert not _plan(block_DV=32).output.fused and _plan(block_DV=64, fused=True).output.fused
-    assert _plan(gate="none", gate_dtype=None).output.fused
-    assert not _plan(gate="channel").output.fused and not _plan(delta=False, beta_dtype=None).output.fused
-    with pytest.raises(ValueError, match="fused=True"):
-        _plan(gate="channel", fused=True)
-    with pytest.raises(ValueError, match="fused"):
-        _plan(fused="yes")
+                                               True, 32, True, False)
 
 
 def test_gla_plan_sums_the_gate_in_its_factors():

@@ -29,29 +29,13 @@ def test_ring_parities_follow_the_slot_fills():
 
 
 def test_every_shipped_configuration_fits_shared_memory():
-    """The buffers WsConfig allocates (the input slots included) fit the 226 KiB the accounting allows (the fused
-    layout: its half of an SM's, two CTAs per SM), for every warp-specialised configuration tilela.precompile
-    lists."""
+    """The buffers WsConfig allocates (the input slots included) fit the 226 KiB the accounting allows, for every
+    warp-specialised configuration tilela.precompile lists."""
     from tilela.precompile import jobs
 
     configs = {job.config for job in jobs() if job.kind == "ws"}
-    assert any(config[-1] for config in configs) and not all(config[-1] for config in configs)
-    for K, V, gate, delta, _, _, _, block_DV, store_output, _, fused in configs:
-        cfg = chunk_fwd_ws.WsConfig.derive(K, V, gate, delta, block_DV, store_output, fused)
-        budget = chunk_fwd_ws.FUSED_SHARED_BYTES if fused else chunk_fwd_ws.SHARED_BYTES
-        assert sum(buffer.bytes for buffer in cfg.shared) <= budget, cfg
-        if not fused:
-            assert cfg.stages == chunk_fwd_ws.input_stages(K, block_DV, gate, delta, store_output)
-
-
-def test_fused_layout_two_ctas_per_sm():
-    """The fused layout: no hand-over rings but the inputs' (read by the math group alone), and two CTAs' buffers
-    within an SM's 228 KiB less the 1 KiB reserved per CTA; its coverage is the delta rule with output at V = K."""
-    for K in (64, 128):
-        cfg = chunk_fwd_ws.WsConfig.derive(K, K, "scalar", True, 64, True, fused=True)
-        assert cfg.rings == (cfg.inputs,) and cfg.inputs.readers == chunk_fwd_ws.GROUP and cfg.stages >= 2
-        assert 2 * (sum(buffer.bytes for buffer in cfg.shared) + 1024) <= 228 * 1024
-    with pytest.raises(ValueError, match="fused"):
-        chunk_fwd_ws.WsConfig.derive(128, 128, "channel", True, 64, True, fused=True)
-    with pytest.raises(ValueError, match="fused"):
-        chunk_fwd_ws.WsConfig.derive(128, 128, "scalar", True, 32, True, fused=True)
+    assert configs
+    for K, V, gate, delta, _, _, _, block_DV, store_output, _ in configs:
+        cfg = chunk_fwd_ws.WsConfig.derive(K, V, gate, delta, block_DV, store_output)
+        assert sum(buffer.bytes for buffer in cfg.shared) <= chunk_fwd_ws.SHARED_BYTES, cfg
+        assert cfg.stages == chunk_fwd_ws.input_stages(K, block_DV, gate, delta, store_output)

@@ -10,8 +10,8 @@ them beforehand, on any machine with TileLang and nvcc (no GPU needed: the targe
   - the state/output passes of every attention op at K = V in {64, 128, 256}, bf16 and fp16, with the (varlen,
     initial state, final state) switches the GPU tests and benchmarks use: GDN in both passes (and its
     half-precision beta), the other ops in the pass that serves them, the warp-specialised pass at every DV block
-    it is built for (plan.dv_blocks) and in its fused layout where that covers the op (plan.fused_covers), and the
-    sequence split's transitions and, for GDN, its outputs pass under the warm-up.
+    it is built for (plan.dv_blocks) and the sequence split's transitions and, for GDN, its outputs pass under the
+    warm-up.
 
 Each `Job` records which public ops call its kernel (an attention op uses the 64-token chunk's cumsum and blocked
 kkt_solve), its q/k dtype and K where it has them, so a serving process compiles only what its ops, dtypes and
@@ -51,7 +51,7 @@ def jobs() -> list[Job]:
     """Every kernel configuration this module compiles (see the module docstring)."""
     from .kernels.hopper import CUMSUM_CONFIGS, GLA_FACTORS_CONFIGS, KKT_CONFIGS, L2NORM_CONFIGS, SEQ_COMBINE_CONFIGS
     from .kernels.hopper.plan import CHUNK as TILE
-    from .kernels.hopper.plan import FUSED_DV, covers, dv_blocks, fused_covers, warms, ws_covers
+    from .kernels.hopper.plan import covers, dv_blocks, warms, ws_covers
 
     op_of = {level: op for op, level in ATTENTION_OPS.items()}
     gated = frozenset(op for op, (gate, _) in ATTENTION_OPS.items() if gate != "none")
@@ -75,23 +75,18 @@ def jobs() -> list[Job]:
                     gate == "channel" or K == 256 or (gate, delta) == ("scalar", True)):
                 out.append(Job("chunk_fwd", (K, gate, delta, dtype, beta_dtype, flags), **level))
             if ws_covers(dtype, K, K, gate, delta):  # what "auto" picks
-                fused = [True] if fused_covers(K, K, gate, delta, FUSED_DV, True) else []
-                out += [Job("ws", (K, K, gate, delta, dtype, beta_dtype, flags, block_DV, True, False, False),
-                            **level) for block_DV in dv_blocks(K, gate, delta)]
-                out += [Job("ws", (K, K, gate, delta, dtype, beta_dtype, flags, FUSED_DV, True, False, True), **level)
-                        for _ in fused]
+                out += [Job("ws", (K, K, gate, delta, dtype, beta_dtype, flags, block_DV, True, False), **level)
+                        for block_DV in dv_blocks(K, gate, delta)]
                 if warms(gate, delta) and flags[:2] == (True, True):  # the split's outputs under the warm-up
-                    out += [Job("ws", (K, K, gate, delta, dtype, beta_dtype, flags, block_DV, True, True, False),
-                                **level) for block_DV in dv_blocks(K)]
-                    out += [Job("ws", (K, K, gate, delta, dtype, beta_dtype, flags, FUSED_DV, True, True, True),
-                                **level) for _ in fused]
+                    out += [Job("ws", (K, K, gate, delta, dtype, beta_dtype, flags, block_DV, True, True), **level)
+                            for block_DV in dv_blocks(K)]
                 # the state pass alone: the sequence split's transitions (varlen, final states; the delta rule's
                 # on [V | 0] from [0 | I], both formed in the pass, under GDN's warm-up; V from zero without) and
                 # the state_pass bench's state_only (V, from an initial state with the delta rule)
                 alone = [(K, (True, delta, True))] + ([(2 * K, (True, False, True))] if delta else [])
                 if gate != "channel":
                     out += [Job("ws", (K, V, gate, delta, dtype, beta_dtype, flags, block_DV, False,
-                                       warms(gate, delta) and V == 2 * K, False), **level)
+                                       warms(gate, delta) and V == 2 * K), **level)
                             for V, wanted in alone if flags == wanted for block_DV in dv_blocks(K)]
     return out
 
@@ -150,8 +145,8 @@ def compile_one(job: Job) -> Result:
                 K, gate, delta, dtype, beta_dtype, flags = job.config
                 V, tiles = K, loop_tiles(K, gate, delta, dtype)
             else:
-                K, V, gate, delta, dtype, beta_dtype, flags, block_DV, store_output, warmup, fused = job.config
-                tiles = (block_DV, store_output, warmup, fused)
+                K, V, gate, delta, dtype, beta_dtype, flags, block_DV, store_output, warmup = job.config
+                tiles = (block_DV, store_output, warmup)
             kernel = "loop" if job.kind == "chunk_fwd" else "ws"
             cfg = PassConfig(kernel, K, V, float(K) ** -0.5, gate, delta, dtype, beta_dtype, *flags, tiles)
             launch.compiled(launch.STATE_PASSES[kernel], *cfg.args, warp_specialized=True)

@@ -110,9 +110,8 @@ def hopper_plan(x: dict[str, Any], lengths: list[int], K: int, gate: str, **opti
 
 
 def ours_variant(x: dict[str, Any], lengths: list[int], K: int, gate: str, **options) -> torch.Tensor | None:
-    """o of our Hopper pipeline with make_plan's options (split=None: the sequence split off; fused=False: the ws
-    pass without its fused layout), or None where they leave the public op's plan (the row would repeat the
-    op's)."""
+    """o of our Hopper pipeline with make_plan's options (split=None: the sequence split off), or None where they
+    leave the public op's plan (the row would repeat the op's)."""
     from tilela.kernels import hopper
 
     plan = hopper_plan(x, lengths, K, gate, **options)

@@ -87,7 +87,7 @@ from tvm.script.ir_builder import IRBuilder
 
 from .common import TILE as CHUNK
 from .common import exp_e, extended_value, state_pass_contract
-from .plan import FUSED_DV, fused_covers, update_rule
+from .plan import update_rule
 
 GROUP = 128  # threads of a warp group
 GATES = ("none", "scalar", "channel")
@@ -99,11 +99,6 @@ VALUE_REGS = 152
 OUTPUT_REGS = 144
 LOAD_REGS = 56
 SHARED_BYTES = 226 * 1024  # of the 227 KiB a CTA may take, 1 KiB left for barriers and alignment
-# the fused layout (WsConfig.fused): two CTAs of 256 threads per SM, each with half of the SM's registers and of its
-# 228 KiB of shared memory (1 KiB of which the hardware reserves per CTA); the math group holds S^T, the value's
-# and the output's fragments (compile test: no spill)
-FUSED_MATH_REGS = 200  # + LOAD_REGS = 256 a thread pair, 128 x 256 = 32768 registers a CTA
-FUSED_SHARED_BYTES = 112 * 1024
 GATE_AHEAD = 2  # chunks whose gate loads (gc, beta, D) the gate warp keeps in flight
 
 
@@ -197,10 +192,6 @@ class WsConfig:
     Vn_ring: Ring | None
     """Vn_ready / Vn_read: Vnew_s from the value group to the output group (delta rule with output) and, under
     vnew_is_vd, the state group; two slots up to block_DV = 64, one above (shared memory). None: no Vnew_s."""
-    fused: bool
-    """One math warp group per CTA does the delta rule's whole chunk with the state transposed in its registers (S^T,
-    block_DV x K, the M side of every product, fed to the next product as its register operand), beside the load
-    group: 256 threads, two CTAs per SM, no hand-over on the recurrence's path (module docstring, "Fused")."""
     shared: tuple[Shared, ...]
     """Every shared buffer the builder allocates, in allocation order: the input slots' buffers, then the fixed
     ones (Vnew_s, S_s, Vd_s, P_s)."""
@@ -216,15 +207,10 @@ class WsConfig:
         return tuple(ring for ring in (self.inputs, self.S_ring, self.Vd_ring, self.Vn_ring) if ring is not None)
 
     @classmethod
-    def derive(cls, K: int, V: int, gate: str, delta: bool, block_DV: int, store_output: bool,
-               fused: bool = False) -> "WsConfig":
+    def derive(cls, K: int, V: int, gate: str, delta: bool, block_DV: int, store_output: bool) -> "WsConfig":
         """The configuration of chunk_fwd_ws_kernel's arguments of the same names (V only sets NV)."""
         if gate not in GATES:
             raise ValueError(f"gate: one of {GATES}, got {gate!r}")
-        if fused and not fused_covers(K, V, gate, delta, block_DV, store_output):
-            raise ValueError(f"fused: the delta rule with a scalar gate or none, with output, block_DV = {FUSED_DV}, "
-                             f"V = K; got K={K}, V={V}, gate {gate!r}, delta rule {delta}, block_DV={block_DV}, "
-                             f"store_output={store_output}")
         scalar, channel = gate == "scalar", gate == "channel"
         C = CHUNK
         two_output_groups = store_output and not delta
@@ -234,12 +220,11 @@ class WsConfig:
         vnew_is_vd = channel and delta
         S_readers = 1 if two_output_groups else int(delta) + int(store_output)  # warp groups reading S_s
         Vd_slots, Vn_slots = vd_slots(delta), 2 if block_DV <= 64 else 1
-        S_ring = Ring("S_ready", "S_read", 2, GROUP, S_readers * GROUP) if S_readers and not fused else None
-        Vd_ring = None if kv_from_inputs or vnew_is_vd or fused else Ring("Vd_ready", "Vd_read", Vd_slots,
-                                                                           64 if vd_writers else GROUP, GROUP)
+        S_ring = Ring("S_ready", "S_read", 2, GROUP, S_readers * GROUP) if S_readers else None
+        Vd_ring = None if kv_from_inputs or vnew_is_vd else Ring("Vd_ready", "Vd_read", Vd_slots,
+                                                                  64 if vd_writers else GROUP, GROUP)
         Vn_readers = int(store_output) + int(vnew_is_vd)  # the output group; the state group under vnew_is_vd
-        Vn_ring = Ring("Vn_ready", "Vn_read", Vn_slots, GROUP, Vn_readers * GROUP) if (
-            delta and Vn_readers and not fused) else None
+        Vn_ring = Ring("Vn_ready", "Vn_read", Vn_slots, GROUP, Vn_readers * GROUP) if delta and Vn_readers else None
         slot = [buffer for buffer, used in (  # one input slot of each: q, k, Kg, v, gc, exp(gc), ed, A, P, beta, D
             (Shared("q_s", (C, K)), store_output),
             (Shared("k_s", (C, K)), True),
@@ -258,23 +243,21 @@ class WsConfig:
             (Shared("Vn_s", (Vn_slots, C, block_DV)), Vn_ring is not None),
             (Shared("S_s", (2, K, block_DV)), S_ring is not None),
             (Shared("Vd_s", (Vd_slots, C, block_DV)), Vd_ring is not None),
-            # fused: the scores P, then the chunk's output O on its way to o (block_DV = C)
             (Shared("P_s", (2, C, C) if two_output_groups else (C, C)), store_output and not channel),
         ) if used]
-        budget = FUSED_SHARED_BYTES if fused else SHARED_BYTES
-        free = budget - sum(b.bytes for b in fixed)
+        free = SHARED_BYTES - sum(b.bytes for b in fixed)
         stages = min(3 if delta else 4, free // sum(b.bytes for b in slot))
         if stages < 2:
             raise ValueError(f"block_DV: two input slots of {sum(b.bytes for b in slot)} bytes and the fixed buffers' "
-                             f"{budget - free} exceed the {budget} bytes of shared memory (K={K}, gate "
+                             f"{SHARED_BYTES - free} exceed the {SHARED_BYTES} bytes of shared memory (K={K}, gate "
                              f"{gate!r}, delta rule {delta}, block_DV={block_DV}); take a smaller DV block")
         return cls(
             K=K, V=V, gate=gate, delta=delta, block_DV=block_DV, store_output=store_output, NV=V // block_DV,
             scalar=scalar, channel=channel, two_output_groups=two_output_groups, kv_from_inputs=kv_from_inputs,
             vd_writers=vd_writers, value_writes_vd=value_writes_vd, vnew_is_vd=vnew_is_vd,
-            inputs=Ring("loaded", "consumed", stages, 64, GROUP if fused else
+            inputs=Ring("loaded", "consumed", stages, 64,
                         GROUP * (1 + int(store_output) + int(value_writes_vd)) + 64 * int(vd_writers)),
-            S_ring=S_ring, Vd_ring=Vd_ring, Vn_ring=Vn_ring, fused=fused,
+            S_ring=S_ring, Vd_ring=Vd_ring, Vn_ring=Vn_ring,
             shared=tuple(Shared(b.name, (stages, *b.shape), b.fp32) for b in slot) + tuple(fixed),
         )
 
@@ -308,7 +291,6 @@ def chunk_fwd_ws_kernel(
     block_DV=128,
     store_output=True,
     warmup=False,
-    fused=False,
 ):
     """Build the warp-specialised state/output pass for static head sizes (K in {64, 128}; V = K, or 2K for the
     sequence split's delta-rule transitions: the state alone from [0 | I] with the value [v | 0], v of K columns, both
@@ -321,16 +303,14 @@ def chunk_fwd_ws_kernel(
     warmup (varlen, the sequence split's passes with the warm-up table in warm, hopper/warmup.py): with output, a
     segment's CTA starts warm[0] chunks before it (none where -1) from h0[warm[1]] (zero where -1) and stores o
     from the segment's first row; without output, a CTA whose warm[0] is not -1 runs no chunk (its entering state
-    comes from the warm-up).
-    fused: the fused layout (WsConfig.fused; fused_covers says where it is built): one math warp group and the load
-    group, two CTAs per SM."""
+    comes from the warm-up)."""
     if warmup and not is_varlen:
         raise ValueError("warmup: the warm-up table indexes the split's segments, a varlen layout; got is_varlen=False")
     extended = extended_value(K, V)  # the split's transitions: [v | 0] from [0 | I]
     if extended and (store_output or use_initial_state or not delta):
         raise ValueError(f"V: 2K is the delta rule's transitions (the state alone from [0 | I] formed here), got "
                          f"store_output={store_output}, use_initial_state={use_initial_state}, delta={delta}")
-    cfg = WsConfig.derive(K, V, gate, delta, block_DV, store_output, fused)
+    cfg = WsConfig.derive(K, V, gate, delta, block_DV, store_output)
     C, accum = CHUNK, "float32"
     scalar, channel = cfg.scalar, cfg.channel
     inputs, S_ring, Vd_ring, Vn_ring = cfg.inputs, cfg.S_ring, cfg.Vd_ring, cfg.Vn_ring
@@ -360,35 +340,21 @@ def chunk_fwd_ws_kernel(
         T.barrier_arrive(smem.Vd_ready[Vd_ring.slot(c)])
 
     @T.macro
-    def enter_state(S_f, cta, h0, transposed):
-        """The state a CTA enters with, into S_f (K x DV, or DV x K transposed): h0's row (under the warm-up the
-        table's row, zero where -1), [0 | I] for the split's transitions, else zero."""
+    def state_group(smem, cta, S_f, h0, ht):
+        """S for the whole sequence: per chunk, hand its 16-bit copy to S_s, decay S, add K^T Vd (or K^T V)."""
+        decay = T.alloc_local([1], accum)
         if warmup and store_output:
             if cta.h0_row >= 0:
-                if transposed:
-                    for i, d in T.Parallel(block_DV, K):
-                        S_f[i, d] = h0[cta.h0_row, cta.bh, d, cta.v0 + i]
-                else:
-                    T.copy(h0[cta.h0_row, cta.bh, 0:K, cta.v0 : cta.v0 + block_DV], S_f)
+                T.copy(h0[cta.h0_row, cta.bh, 0:K, cta.v0 : cta.v0 + block_DV], S_f)
             else:
                 T.clear(S_f)
         elif use_initial_state:
-            if transposed:
-                for i, d in T.Parallel(block_DV, K):
-                    S_f[i, d] = h0[cta.bn, cta.bh, d, cta.v0 + i]
-            else:
-                T.copy(h0[cta.bn, cta.bh, 0:K, cta.v0 : cta.v0 + block_DV], S_f)
+            T.copy(h0[cta.bn, cta.bh, 0:K, cta.v0 : cta.v0 + block_DV], S_f)
         elif extended:  # [0 | I]: column K + i of row i
             for i, j in T.Parallel(K, block_DV):
                 S_f[i, j] = T.if_then_else(cta.v0 + j == K + i, 1.0, 0.0)
         else:
             T.clear(S_f)
-
-    @T.macro
-    def state_group(smem, cta, S_f, h0, ht):
-        """S for the whole sequence: per chunk, hand its 16-bit copy to S_s, decay S, add K^T Vd (or K^T V)."""
-        decay = T.alloc_local([1], accum)
-        enter_state(S_f, cta, h0, False)
         for c in T.serial(cta.n_chunks):
             slot = inputs.slot(c)
             T.barrier_wait(smem.loaded[slot], inputs.ready_parity(c))
@@ -414,69 +380,6 @@ def chunk_fwd_ws_kernel(
             T.barrier_arrive(smem.consumed[slot])
         if store_final_state:
             T.copy(S_f, ht[cta.bn, cta.bh, 0:K, cta.v0 : cta.v0 + block_DV])
-
-    @T.macro
-    def math_group(smem, cta, frags, h0, ht, o):
-        """The fused layout's chunk, all of it in one warp group on S^T (DV x K, fp32 registers), every state
-        product with its 16-bit copy as the register operand (rows i: value columns, columns t: the chunk's tokens):
-            X^T    = S^T K^T                                the chain: X^T -> Vnew^T -> S^T
-            R^T    = (V^T - X^T diag(exp gc)) diag(beta)
-            Vnew^T = R^T A^T
-            S^T   <- exp(gc_last) S^T + (Vnew^T diag(exp(gc_last - gc))) K
-            O^T    = scale (S^T Q^T diag(exp gc) + Vnew^T P^T),   P = tril_incl(exp(gc_i - gc_j) Q K^T)
-        (S^T of the chunk's start in the two products of its 16-bit copy); O^T leaves through P_s, transposed, to
-        o's rows."""
-        S_f, S_h, X_f, R_h, N_f, N_h, D_h, O_f, P_f = frags
-        decay = T.alloc_local([1], accum)
-        enter_state(S_f, cta, h0, True)
-        for c in T.serial(cta.n_chunks):
-            slot = inputs.slot(c)
-            t0 = cta.t_start + c * C
-            T.barrier_wait(smem.loaded[slot], inputs.ready_parity(c))
-            T.copy(S_f, S_h)
-            T.gemm(S_h, smem.k_s[slot, :, :], X_f, transpose_B=True, clear_accum=True)
-            for i, t in T.Parallel(block_DV, C):
-                if scalar:
-                    R_h[i, t] = smem.beta_s[slot, t] * (smem.v_s[slot, t, i] - smem.eg_s[slot, t] * X_f[i, t])
-                else:
-                    R_h[i, t] = smem.beta_s[slot, t] * (smem.v_s[slot, t, i] - X_f[i, t])
-            T.gemm(R_h, smem.A_s[slot, :, :], N_f, transpose_B=True, clear_accum=True)
-            for i, t in T.Parallel(block_DV, C):
-                N_h[i, t] = N_f[i, t]
-                D_h[i, t] = smem.ed_s[slot, t] * N_f[i, t]
-            if scalar:
-                decay[0] = smem.eg_s[slot, C - 1]
-                for i, d in T.Parallel(block_DV, K):
-                    S_f[i, d] = S_f[i, d] * decay[0]
-            T.gemm(D_h, smem.k_s[slot, :, :], S_f)
-            # the output, off the chain: P from Q K^T, then O^T from the chunk's entering state and Vnew
-            T.gemm(smem.q_s[slot, :, :], smem.k_s[slot, :, :], P_f, transpose_B=True, clear_accum=True)
-            for i, j in T.Parallel(C, C):
-                if scalar:
-                    smem.P_s[i, j] = T.if_then_else(
-                        j <= i, P_f[i, j] * scale * exp_e(smem.g_s[slot, i] - smem.g_s[slot, j]), 0)
-                else:
-                    smem.P_s[i, j] = T.if_then_else(j <= i, P_f[i, j] * scale, 0)
-            T.fence_proxy_async()
-            T.gemm(S_h, smem.q_s[slot, :, :], O_f, transpose_B=True, clear_accum=True)
-            for i, t in T.Parallel(block_DV, C):
-                if scalar:
-                    O_f[i, t] = O_f[i, t] * (scale * smem.eg_s[slot, t])
-                else:
-                    O_f[i, t] = O_f[i, t] * scale
-            T.barrier_arrive(smem.consumed[slot])
-            T.gemm(N_h, smem.P_s, O_f, transpose_B=True)
-            for i, t in T.Parallel(block_DV, C):
-                smem.P_s[t, i] = O_f[i, t]
-            for t, i in T.Parallel(C, block_DV):
-                if warmup:
-                    if t0 + t < cta.t_end and t0 + t >= cta.t_out:
-                        o[cta.bb, t0 + t, cta.bh, cta.v0 + i] = smem.P_s[t, i]
-                elif t0 + t < cta.t_end:
-                    o[cta.bb, t0 + t, cta.bh, cta.v0 + i] = smem.P_s[t, i]
-        if store_final_state:
-            for i, d in T.Parallel(block_DV, K):
-                ht[cta.bn, cta.bh, d, cta.v0 + i] = S_f[i, d]
 
     @T.macro
     def value_group(smem, cta, KS_f, Vn_f):
@@ -683,40 +586,21 @@ def chunk_fwd_ws_kernel(
             write_vd(smem, c, slot, None)
             T.barrier_arrive(smem.consumed[slot])
 
-    @T.macro
-    def load_group(smem, cta, lane, q, k, v, A, kg, P, g, beta):
-        """The load group (lane: the thread's index in it): the TMA warp, the gate warp, then the Vd writers."""
-        T.set_max_nreg(LOAD_REGS, 0)
-        if lane < 32:
-            tma_warp(smem, cta, q, k, v, A, kg, P)
-        elif lane < 64:
-            gate_warp(smem, cta, lane - 32, g, beta)
-        elif cfg.vd_writers:  # the other two warps
-            vd_writers(smem, cta)
-
     @T.prim_func
     def chunk_fwd_ws(q: sig.q, k: sig.k, v: sig.v, g: sig.g, beta: sig.beta, A: sig.A, h0: sig.h0,
                      cu_seqlens: sig.cu_seqlens, o: sig.o, ht: sig.ht, kg: sig.kg, P: sig.P, warm: sig.warm):
-        with T.Kernel(cfg.NV, (NS1 - 1) if is_varlen else B, HV, threads=(2 if cfg.fused else 4) * GROUP) as (
-                bv, bn, bh):
+        with T.Kernel(cfg.NV, (NS1 - 1) if is_varlen else B, HV, threads=4 * GROUP) as (bv, bn, bh):
             hq = bh // (HV // H)
             v0 = bv * block_DV
             smem = allocate_shared(cfg, dtype)
 
             KS_f = Vn_f = P_f = O2_f = P2_f = None
-            if cfg.fused:  # S^T and the value's and output's transposed fragments (math_group)
-                T.annotate_min_blocks_per_sm(2)
-                frags = (T.alloc_fragment([block_DV, K], accum), T.alloc_fragment([block_DV, K], dtype),
-                         T.alloc_fragment([block_DV, C], accum), T.alloc_fragment([block_DV, C], dtype),
-                         T.alloc_fragment([block_DV, C], accum), T.alloc_fragment([block_DV, C], dtype),
-                         T.alloc_fragment([block_DV, C], dtype), T.alloc_fragment([block_DV, C], accum),
-                         T.alloc_fragment([C, C], accum))
-            S_f = None if cfg.fused else T.alloc_fragment([K, block_DV], accum)
-            if delta and not cfg.fused:
+            S_f = T.alloc_fragment([K, block_DV], accum)
+            if delta:
                 KS_f = T.alloc_fragment([C, block_DV], accum)
                 Vn_f = T.alloc_fragment([C, block_DV], accum)
-            O_f = None if cfg.fused else T.alloc_fragment([C, block_DV], accum)
-            if not channel and not cfg.fused:
+            O_f = T.alloc_fragment([C, block_DV], accum)
+            if not channel:
                 P_f = T.alloc_fragment([C, C], accum)
             if cfg.two_output_groups:  # the even-chunk output group's own fragments
                 O2_f = T.alloc_fragment([C, block_DV], accum)
@@ -755,13 +639,7 @@ def chunk_fwd_ws_kernel(
                                   tile0=tile0, n_chunks=n_chunks, h0_row=h0_row)
 
             tx = T.get_thread_binding()
-            if cfg.fused:
-                if tx < GROUP:
-                    T.set_max_nreg(FUSED_MATH_REGS, 1)
-                    math_group(smem, cta, frags, h0, ht, o)
-                else:
-                    load_group(smem, cta, tx - GROUP, q, k, v, A, kg, P, g, beta)
-            elif tx < GROUP:
+            if tx < GROUP:
                 T.set_max_nreg(STATE_REGS, 1)
                 state_group(smem, cta, S_f, h0, ht)
             elif tx < 2 * GROUP:  # value
@@ -779,8 +657,14 @@ def chunk_fwd_ws_kernel(
                     output_group(1, P_f, O_f, smem, cta, o)
                 else:  # the state pass alone: idle
                     T.set_max_nreg(LOAD_REGS, 0)
-            else:
-                load_group(smem, cta, tx - 3 * GROUP, q, k, v, A, kg, P, g, beta)
+            else:  # load
+                T.set_max_nreg(LOAD_REGS, 0)
+                if tx < 3 * GROUP + 32:
+                    tma_warp(smem, cta, q, k, v, A, kg, P)
+                elif tx < 3 * GROUP + 64:
+                    gate_warp(smem, cta, tx - (3 * GROUP + 32), g, beta)
+                elif cfg.vd_writers:  # the other two warps
+                    vd_writers(smem, cta)
 
     return chunk_fwd_ws
 

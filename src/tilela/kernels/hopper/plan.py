@@ -100,15 +100,6 @@ def update_rule(gate: str, delta: bool) -> str:
     return "vd" if gate == "scalar" else "plain"
 
 
-FUSED_DV = 64  # the fused layout's DV block: the M side of one warp group's products
-
-
-def fused_covers(K: int, V: int, gate: str, delta: bool, block_DV: int, store_output: bool) -> bool:
-    """Whether the ws pass's fused layout (chunk_fwd_ws.WsConfig.fused: one math warp group on S^T, two CTAs per SM)
-    serves a configuration: the delta rule with a scalar gate or none, with output, V = K, at its DV block."""
-    return delta and gate in ("none", "scalar") and store_output and V == K and block_DV == FUSED_DV
-
-
 def dv_blocks(K: int, gate: str = "none", delta: bool = False) -> tuple[int, ...]:
     """The DV blocks the warp-specialised pass is built for, largest first: K, K / 2, K / 4 and K / 8, down to 16;
     not K under the per-channel delta rule (its Kg and P input slots leave no room for two slots at K)."""
@@ -298,8 +289,8 @@ def loop_tiles(K: int, gate: str, delta: bool, dtype: str) -> tuple[int, int, in
 class PassConfig:
     """One state/output launch's static configuration, its compile key: `args` are the builder's arguments
     (chunk_fwd_ws.chunk_fwd_ws_kernel for kernel "ws", chunk_fwd.chunk_fwd_kernel for "loop"). tiles: (block_DV,
-    store_output, warmup, fused) for "ws" (warmup: the split's passes read the warm-up table; fused: the fused
-    layout, fused_covers), (block_DV, threads, num_stages) for "loop"."""
+    store_output, warmup) for "ws" (warmup: the split's passes read the warm-up table), (block_DV, threads,
+    num_stages) for "loop"."""
 
     kernel: str
     K: int
@@ -330,10 +321,6 @@ class PassConfig:
     @property
     def warmup(self) -> bool:
         return self.kernel == "ws" and self.tiles[2]
-
-    @property
-    def fused(self) -> bool:
-        return self.kernel == "ws" and self.tiles[3]
 
 
 @dataclass(frozen=True)
@@ -393,7 +380,7 @@ def make_plan(*, lengths, **facts) -> Plan:
 def _plan(*, dtype: str, beta_dtype: str | None, gate_dtype: str | None, gate: str, delta: bool, H: int, HV: int,
           K: int, V: int, lengths: tuple[int, ...], tokens: int, varlen: bool, scale: float, initial_state: bool,
           output_final_state: bool, sms: int, g_input: str = "raw", gate_form: str = "log", kernel: str = "auto",
-          block_DV: int | None = None, split="auto", outputs: bool = True, fused: str | bool = "auto") -> Plan:
+          block_DV: int | None = None, split="auto", outputs: bool = True) -> Plan:
     """make_plan's decisions.
 
     dtype: q/k/v's ("bfloat16" / "float16"); beta_dtype: beta's as the state pass reads it ("float32" or dtype; None
@@ -408,9 +395,7 @@ def _plan(*, dtype: str, beta_dtype: str | None, gate_dtype: str | None, gate: s
     channel decays by more than e^-80 within 16 tokens.
     block_DV: the unsplit ws pass's DV block (one of dv_blocks(K, gate, delta)), default from the cost model.
     split: "auto" (auto_split), None (never) or a SegmentPlan of exactly these lengths.
-    outputs=False: the state alone (ws pass without its output group; o is not written).
-    fused: the ws pass's fused layout (fused_covers) for the passes with output, "auto" (wherever it covers them
-    and no block_DV is given), True (required) or False (never)."""
+    outputs=False: the state alone (ws pass without its output group; o is not written)."""
     if g_input not in ("raw", "cumsum"):
         raise ValueError(f"g_input: expected 'raw' or 'cumsum', got {g_input!r}")
     if gate_form not in GATE_FORMS:
@@ -438,12 +423,6 @@ def _plan(*, dtype: str, beta_dtype: str | None, gate_dtype: str | None, gate: s
     if block_DV is not None and (block_DV not in dv_blocks(K, gate, delta) or not ws or split is not None):
         raise ValueError(f"block_DV: the unsplit warp-specialised pass takes one of {dv_blocks(K, gate, delta)}, got "
                          f"{block_DV} (kernel={kernel!r}, warp-specialised: {ws}, split: {split is not None})")
-    if fused not in ("auto", True, False):
-        raise ValueError(f"fused: expected 'auto', True or False, got {fused!r}")
-    if fused is True and not (ws and fused_covers(K, V, gate, delta, block_DV or FUSED_DV, outputs)):
-        raise ValueError(f"fused=True: the fused layout covers the delta rule with a scalar gate or none, with output, "
-                         f"K = V in (64, 128), DV block {FUSED_DV}; got K={K}, V={V}, gate {gate!r}, delta rule "
-                         f"{delta}, block_DV={block_DV}, outputs={outputs}, kernel={kernel!r}")
     if not outputs and not ws:
         raise ValueError(f"outputs=False: the warp-specialised pass alone drops its output group, got kernel="
                          f"{kernel!r}, K={K}, gate {gate!r}, delta rule {delta}")
@@ -463,12 +442,9 @@ def _plan(*, dtype: str, beta_dtype: str | None, gate_dtype: str | None, gate: s
     def state_pass(V_pass, chains, varlen_pass, h0, ht, store_output, block=None, warmup=False):
         if not ws:
             tiles = loop_tiles(K, gate, delta, dtype)
-        elif fused is not False and (block or FUSED_DV) == FUSED_DV and fused_covers(
-                K, V_pass, gate, delta, FUSED_DV, store_output) and (fused is True or block is None):
-            tiles = (FUSED_DV, store_output, warmup, True)
         else:
             block = block or default_block_DV(K, V_pass, chains.count * HV, sms, store_output, rule, chains)
-            tiles = (block, store_output, warmup, False)
+            tiles = (block, store_output, warmup)
         return PassConfig("ws" if ws else "loop", K, V_pass, float(scale), gate, delta, dtype, beta_dtype,
                           varlen_pass, h0, ht, tiles)
 
