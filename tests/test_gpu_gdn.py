@@ -152,9 +152,8 @@ def test_warmup_table_kernel_matches_reference(segment_chunks):
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
     gc = reference.chunk_local_cumsum(g, 64, cu).float()
     table = segment_table(SegmentPlan.of(lengths, segment_chunks), torch.device("cuda"))
-    warm = launch_warmup(gc.cuda(), table.cu_segments, table.first, segment_chunks, rows=table.slot)
-    ref = reference.warmup_table(gc, table.cu_segments.cpu(), table.first.cpu(), segment_chunks,
-                                 rows=table.slot.cpu())
+    warm = launch_warmup(gc.cuda(), table.cu_segments, table.first, segment_chunks)
+    ref = reference.warmup_table(gc, table.cu_segments.cpu(), table.first.cpu(), segment_chunks)
     assert torch.equal(warm.cpu().long(), ref)
     assert (ref[0] >= 1).any() and (ref[0] == -1).any()
 

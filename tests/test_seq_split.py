@@ -201,15 +201,6 @@ def test_warmup_table_takes_the_fewest_chunks_that_bound_the_past():
                                   [0, -1, -1, -1, -1, 5, 6, -1, -1],
                                   [0, 1, 2, 3, 4, 5, 6, 7, 8],
                                   [0, 1, 2, 3, 4, 5, 6, 7, 8]]
-    # with the combine's rows (SegmentTable.slot: the split sequences' [5, 2] grid, then the initial states), the
-    # entering rows are those rows
-    assert table.slot.tolist() == [0, 2, 4, 6, 8, 11, 1, 3, 5]
-    slotted = reference.warmup_table(gc, table.cu_segments, table.first, max_chunks=2, rows=table.slot)
-    assert torch.equal(slotted[0], warm[0])
-    assert slotted[1].T.tolist() == [[0, -1, -1, -1, -1, 11, 1, -1, -1],
-                                     [0, -1, -1, -1, -1, 11, 1, -1, -1],
-                                     [0, 2, 4, 6, 8, 11, 1, 3, 5],
-                                     [0, 2, 4, 6, 8, 11, 1, 3, 5]]
     # within reach of the sequence start, a head too weak to bound the warm-up enters from the initial state
     short = reference.warmup_table(gc[:, :640], table.cu_segments[:3], torch.tensor([0, 2]), max_chunks=2)
     assert short[:, :, 2].tolist() == [[0, 2], [0, 0]]
@@ -232,8 +223,8 @@ def test_split_forward_with_warmup_matches_unsplit(segment_chunks):
     scale = 8 ** -0.5
     tables = []
 
-    def warmup(g, cu_segments, first, max_chunks, rows):
-        tables.append(reference.warmup_table(g, cu_segments, first, max_chunks, rows=rows))
+    def warmup(g, cu_segments, first, max_chunks):
+        tables.append(reference.warmup_table(g, cu_segments, first, max_chunks))
         return tables[-1]
 
     def transitions(q, k, v, g_cumsum, beta, A, h0, cu, warm):

@@ -66,42 +66,38 @@ def entering_states(B, gc, cu_segments, first, h0, chunk_size=64):
 WARMUP_BOUND = -17.0  # summed log decay over a warm-up: e^-17 < 2^-24, fp32's relative rounding
 
 
-def warmup_table(gc, cu_segments, first, max_chunks, chunk_size=64, rows=None):
+def warmup_table(gc, cu_segments, first, max_chunks, chunk_size=64):
     """The warm-up of every segment and value head as [2, S, HV] int64 (the stage kernels.hopper.warmup computes):
     table[0] the chunks w the outputs pass starts before the segment (-1: the (sequence, head) takes the
     transitions), table[1] the row of the entering states it starts from (-1: zero). gc [1, T, HV] the chunk-local
-    cumsum of a scalar log gate, summed in float32 in chunk order; cu_segments, first as entering_states'; rows [S]:
-    the row of the entering states that holds segment j's (its sequence's initial state at the sequence's first
-    segment), None: row j.
+    cumsum of a scalar log gate, summed in float32 in chunk order; cu_segments, first as entering_states'.
 
     Segment j of sequence n, first chunk c0 of its sequence: w = the fewest chunks (1 <= w <= max_chunks) whose
-    summed decay is <= WARMUP_BOUND, from zero (w, -1); else (c0, rows[first[n]]) from the sequence's initial state
-    when c0 <= max_chunks; else unbounded, and then every segment of the (sequence, head) is (-1, rows[j]). A first
-    segment is (0, rows[first[n]])."""
+    summed decay is <= WARMUP_BOUND, from zero (w, -1); else (c0, first[n]) from the sequence's initial state when
+    c0 <= max_chunks; else unbounded, and then every segment of the (sequence, head) is (-1, j). A first segment is
+    (0, first[n])."""
     bounds, first = cu_segments.tolist(), first.tolist()
-    row = list(range(len(bounds) - 1)) if rows is None else [int(r) for r in rows.tolist()]
     HV = gc.shape[-1]
     table = torch.empty(2, len(bounds) - 1, HV, dtype=torch.int64)
     for n in range(len(first) - 1):
         j0, j1 = first[n], first[n + 1]
         for h in range(HV):
-            entries = [_warmup(gc[0, :, h].float(), bounds[j], (bounds[j] - bounds[j0]) // chunk_size, row[j0],
-                               max_chunks, chunk_size) for j in range(j0, j1)]
-            if None in entries:
-                entries = [(-1, row[j]) for j in range(j0, j1)]
-            table[:, j0:j1, h] = torch.tensor(entries, dtype=torch.int64).T
+            rows = [_warmup(gc[0, :, h].float(), bounds[j], (bounds[j] - bounds[j0]) // chunk_size, j0, max_chunks,
+                            chunk_size) for j in range(j0, j1)]
+            if None in rows:
+                rows = [(-1, j) for j in range(j0, j1)]
+            table[:, j0:j1, h] = torch.tensor(rows, dtype=torch.int64).T
     return table
 
 
-def _warmup(gc, start, c0, start_row, max_chunks, chunk_size):
-    """(w, entering row) of one segment starting at token start, chunk c0 of its sequence (start_row: the row of
-    the sequence's initial state); None: unbounded."""
+def _warmup(gc, start, c0, j0, max_chunks, chunk_size):
+    """(w, entering row) of one segment starting at token start, chunk c0 of its sequence; None: unbounded."""
     total = torch.zeros((), dtype=torch.float32)
     for w in range(1, min(c0, max_chunks) + 1):
         total = total + gc[start - (w - 1) * chunk_size - 1]
         if total <= WARMUP_BOUND:
             return w, -1
-    return (c0, start_row) if c0 <= max_chunks else None
+    return (c0, j0) if c0 <= max_chunks else None
 
 
 def warmup_outputs(q, k, v, g, beta, scale, S_in, cu_segments, table, chunk_size=64):

@@ -190,12 +190,11 @@ def launch_state_pass(cfg, q, k, v, g, beta, A, h0, cu, N, kg=None, P=None, warm
     return o, (ht if cfg.store_final_state else None)
 
 
-def launch_warmup(gc, cu_segments, first, max_chunks: int, rows):
+def launch_warmup(gc, cu_segments, first, max_chunks: int):
     """The split's warm-up table [2, S, HV] int32 (warmup.py) from the scalar gate's chunk-local cumsum gc [1, T,
-    HV], the segment table's cu_segments and first, and rows [S] int32, the entering states' row of each segment;
-    warm-ups of at most max_chunks chunks."""
+    HV] and the segment table's cu_segments and first; warm-ups of at most max_chunks chunks."""
     table = torch.empty(2, cu_segments.shape[0] - 1, gc.shape[-1], device=gc.device, dtype=torch.int32)
-    compiled(warmup_table_kernel)(gc, cu_segments, first, rows, table, int(max_chunks))
+    compiled(warmup_table_kernel)(gc, cu_segments, first, table, int(max_chunks))
     return table
 
 

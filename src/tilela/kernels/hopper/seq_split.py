@@ -157,11 +157,9 @@ def split_forward(transitions, outputs, combine, q, k, v, g, beta, A, initial_st
     the value [v | 0], which the pass forms itself: h0 None, final states K x (V + K)), outputs store o (and, with
     the delta rule, the final states when asked for). combine(B, g, cu_segments, first, h0) -> (S_in, final): the plain
     update's step 2 (launch.seq_combine on the GPU, reference.entering_states elsewhere); None with the delta rule.
-    warmup(g, cu_segments, first, max_chunks, rows=...) -> table: the delta rule's warm-up table (launch.launch_warmup on
-    the GPU, reference.warmup_table elsewhere; max_chunks the segment's chunks, rows the combine's row of each
-    segment's entering state, SegmentTable.slot), which the delta rule's transitions and outputs then take as a
-    ninth argument, warm; None: no warm-up. The table names the outputs pass's entering rows, so its h0 is the
-    combine's rows themselves (no gather).
+    warmup(g, cu_segments, first, max_chunks) -> table: the delta rule's warm-up table (launch.launch_warmup on the
+    GPU, reference.warmup_table elsewhere; max_chunks the segment's chunks), which the delta rule's transitions and
+    outputs then take as a ninth argument, warm; None: no warm-up.
 
     Plain update: the transitions from a zero state give B, the combine S_in and the final states. Delta rule: the
     transitions on [V | 0] from [0 | I] give [B | M], and the combine walks the [P, M] grid of the M sequences
@@ -179,8 +177,7 @@ def split_forward(transitions, outputs, combine, q, k, v, g, beta, A, initial_st
         o, _ = outputs(q1, k1, v1, g1, beta1, A1, S_in, table.cu_segments)
         return o.view(B, Tn, HV, V), (final if output_final_state else None)
 
-    warm = None if warmup is None else warmup(g1, table.cu_segments, table.first, split.segment_chunks,
-                                                rows=table.slot)
+    warm = None if warmup is None else warmup(g1, table.cu_segments, table.first, split.segment_chunks)
     extra = () if warm is None else (warm,)
     N, P, M = len(split.lengths), split.max_per_sequence, split.num_split
     # one sequence cut into segments (a long-context call): its grid is its segments in order, and the entering
@@ -199,7 +196,7 @@ def split_forward(transitions, outputs, combine, q, k, v, g, beta, A, initial_st
         S_rows[P * M :] = 0 if initial_state is None else initial_state
     for j in range(P - 1):
         torch.baddbmm(batched(B_grid, j), batched(M_grid, j), batched(S_rows, j), out=batched(S_rows, j + 1))
-    entering = S_rows if alone or warm is not None else S_rows[table.slot.long()]
+    entering = S_rows if alone else S_rows[table.slot.long()]
     o, ht = outputs(q1, k1, v1, g1, beta1, A1, entering, table.cu_segments, *extra)
     final = None if not output_final_state else ht[-1:] if alone else ht[table.last.long()]
     return o.view(B, Tn, HV, V), final

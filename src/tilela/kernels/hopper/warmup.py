@@ -6,13 +6,13 @@ reference.seq_split.warmup_table:
       w_j = the fewest chunks w >= 1 with d_{c0-w} + ... + d_{c0-1} <= WARMUP_BOUND, if w <= max_chunks:
             the outputs pass enters it from a zero state w chunks back (table (w, -1)): what that drops of the
             past is scaled by exp(the sum) <= e^-17 < 2^-24 (with ||I - beta k k^T|| <= 1), below fp32's rounding
-      else w_j = c0 from the sequence's initial state, if c0 <= max_chunks: exact (table (c0, rows[first[n]]))
+      else w_j = c0 from the sequence's initial state, if c0 <= max_chunks: exact (table (c0, first[n]))
       else unbounded
-    a sequence's first segment: (0, rows[first[n]]); a (sequence, head) with an unbounded segment: (-1, rows[j])
-    for each of its segments j (the transitions' pass and the combine give its entering states, exactly)
+    a sequence's first segment: (0, first[n]); a (sequence, head) with an unbounded segment: (-1, j) for each of
+    its segments j (the transitions' pass and the combine give its entering states, exactly)
 
-table[0] holds w (-1: the transitions), table[1] the row of the entering states the outputs pass starts from (-1:
-zero); rows[j] is the row that holds segment j's (the combine's, seq_split.SegmentTable.slot). The sums run in float32 in chunk order, as the reference's.
+table[0] holds w (-1: the transitions), table[1] the row of the entering states S_in the outputs pass starts from
+(-1: zero). The sums run in float32 in chunk order, as the reference's.
 
 Grid (N, HV), 128 threads: thread t takes segments first[n] + t, + 128, ...; the chunk-end loads of its window
 UNROLL at a time, all issued before the sums that use them (rows clamped into the tensor; the ones past the window
@@ -37,7 +37,6 @@ def warmup_table_kernel() -> T.PrimFunc:
         gc: T.Tensor((1, Tn, HV), "float32"),
         cu_segments: T.Tensor((S1,), "int32"),
         first: T.Tensor((N1,), "int32"),
-        rows: T.Tensor((S,), "int32"),
         table: T.Tensor((2, S, HV), "int32"),
         max_chunks: T.int32,
     ):
@@ -63,7 +62,7 @@ def warmup_table_kernel() -> T.PrimFunc:
                     c0 = (start - bos) // C
                     reach = T.min(c0, max_chunks)
                     total = 0.0
-                    row = rows[j0]
+                    row = j0
                     if c0 > 0:
                         w = -1
                         for b in T.serial(T.ceildiv(reach, UNROLL)):
@@ -85,6 +84,6 @@ def warmup_table_kernel() -> T.PrimFunc:
                 for block in T.serial(T.ceildiv(count, THREADS)):
                     if block * THREADS + tid < count:
                         table[0, j0 + block * THREADS + tid, bh] = -1
-                        table[1, j0 + block * THREADS + tid, bh] = rows[j0 + block * THREADS + tid]
+                        table[1, j0 + block * THREADS + tid, bh] = j0 + block * THREADS + tid
 
     return warmup_table
