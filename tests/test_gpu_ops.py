@@ -137,11 +137,43 @@ def test_seq_combine_matches_entering_states(gate, with_h0):
         g = F.logsigmoid(torch.randn(1, sum(lengths), HV, generator=gen)) / 16
         g[..., 0] = 0.0
         gc = reference.chunk_local_cumsum(g, 64, torch.tensor([0, *itertools.accumulate(lengths)])).float()
-    S_in, final = launch_combine((K, K, "scalar" if gate else "none", h0 is not None), B.cuda(),
+    S_in, final = launch_combine((K, K, "scalar" if gate else "none", h0 is not None, False), B.cuda(),
                               None if gc is None else gc.cuda(), table.cu_segments, table.first,
                               None if h0 is None else h0.cuda())
     ref_in, ref_final = reference.entering_states(B, gc, table.cu_segments.cpu(), table.first.cpu(), h0)
     assert rel_l2(S_in, ref_in) < 1e-5 and rel_l2(final, ref_final) < 1e-5
+
+
+@pytest.mark.parametrize("K", [64, 128])
+@pytest.mark.parametrize("with_h0,with_warm", [(False, False), (True, False), (True, True)])
+def test_matrix_combine_matches_transition_entering_states(K, with_h0, with_warm):
+    """The delta rule's combine kernel (hopper/seq_combine.py, "matrix") against its float64 stage: 40 segments in
+    one sequence, an empty and a one-token sequence, transitions of norm about 1 (as a segment's M with the delta
+    rule: contractions but for g = 0 heads); under a warm-up table, the (sequence, head)s it warms up get their
+    first segment's row alone (the reference's other rows are NaN and not compared)."""
+    from tilela.kernels.hopper.launch import launch_combine
+    from tilela.kernels.hopper.plan import SegmentPlan
+    from tilela.kernels.hopper.seq_split import segment_table
+
+    lengths = [64 * 79 + 5, 0, 1, 700]
+    plan = SegmentPlan.of(lengths, 2)
+    table = segment_table(plan, torch.device("cuda"))
+    gen = torch.Generator().manual_seed(K)
+    HV = 3
+    B = torch.randn(plan.num_segments, HV, K, K, generator=gen) * 0.1
+    M = torch.linalg.qr(torch.randn(plan.num_segments, HV, K, K, generator=gen))[0] * 0.99
+    BM = torch.cat([B, M], dim=-1)
+    h0 = torch.randn(len(lengths), HV, K, K, generator=gen) if with_h0 else None
+    warm = None
+    if with_warm:  # head 1 warms up in every sequence, the others take the transitions
+        warm = torch.full((2, plan.num_segments, HV), -1, dtype=torch.int32)
+        warm[0, :, 1] = 2
+    S_in = launch_combine((K, K, "matrix", with_h0, with_warm), BM.cuda(), table.first,
+                          None if h0 is None else h0.cuda(), None if warm is None else warm.cuda())
+    ref = reference.transition_entering_states(BM, table.first.cpu(), h0, warm)
+    read = ~ref.isnan().any(-1).any(-1)  # the rows the outputs pass reads
+    assert rel_l2(S_in.cpu()[read], ref[read]) < 1e-5
+    assert read[:, 1].sum() == (len(lengths) if with_warm else plan.num_segments)
 
 
 LADDER = [  # op, gate ("scalar" [B,T,HV] / "channel" [B,T,HV,K] / None), delta rule

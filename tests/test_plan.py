@@ -113,13 +113,13 @@ def test_k256_takes_the_loop_pass():
 def test_split_plan_has_transitions_then_outputs():
     delta = _plan(H=2, HV=8, lengths=[32768], tokens=32768, initial_state=True)
     transitions, outputs = delta.passes
-    assert delta.split.segment_chunks == 64 and delta.combine is None
+    assert delta.split.segment_chunks == 64 and delta.combine == (128, 128, "matrix", True, True)
     assert (transitions.V, transitions.store_output, transitions.use_initial_state) == (256, False, False)
     assert (outputs.V, outputs.store_output, outputs.is_varlen, outputs.store_final_state) == (128, True, True, True)
     assert transitions.warmup and outputs.warmup  # GDN's split: both passes read the warm-up table
     plain = _plan(gate="none", delta=False, HV=16, H=16, lengths=[8192], tokens=8192, output_final_state=False)
     transitions, outputs = plain.passes
-    assert plain.combine == (128, 128, "none", False) and transitions.V == 128 and not outputs.store_final_state
+    assert plain.combine == (128, 128, "none", False, False) and transitions.V == 128 and not outputs.store_final_state
     assert not transitions.warmup and not outputs.warmup
     ungated = _plan(gate="none", HV=4, H=4, lengths=[30000], tokens=30000)
     assert ungated.split is not None and not ungated.output.warmup  # delta_rule: no decay to bound a warm-up

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from tilela import reference
-from tilela.kernels.hopper.plan import (CHUNK_US, COMBINE_COPY_BYTES_PER_S, COMBINE_STEP_MS, SPLIT_FIXED_MS,
+from tilela.kernels.hopper.plan import (CHUNK_US, COMBINE_STEP_MS, SPLIT_FIXED_MS,
                                         SegmentPlan, auto_split, modelled_ms)
 from tilela.kernels.hopper.seq_split import host_table, segment_table, split_forward
 
@@ -25,11 +25,7 @@ def test_segment_table_cuts_each_sequence_at_chunk_multiples():
     assert (plan.segment_chunks, plan.num_segments, plan.max_per_sequence) == (2, 8, 3)
     expected = ([0, 128, 256, 300, 301, 301, 429, 431, 495],
                 [0, 3, 4, 5, 7, 8],  # each sequence's first segment (and the count at the end)
-                [0, 2, 4, 7, 8, 1, 3, 10],  # grid slots j * 2 + m of sequences 0 and 3, else 3 * 2 + n
-                [2, 3, 4, 6, 7],
-                [0, 3],  # the sequences cut into more than one segment
-                [0, 1, 2, 5, 6],  # their segments
-                [0, 2, 4, 1, 3])  # and those segments' slots on the delta rule's [3, 2] combine grid
+                [2, 3, 4, 6, 7])  # each sequence's last segment
     assert host_table(plan) == expected
     table = segment_table(plan, torch.device("cpu"))
     assert [t.tolist() for t in table] == list(expected)
@@ -45,21 +41,21 @@ def test_segment_plan_rejects_empty_segments():
     ([32768], 8, "scalar", True, 64),  # GDN, 32 CTAs of K / 4 for 512 chunks: 8 segments, 0.26 against 0.95 ms
     ([32768], 16, "scalar", True, 64),  # under the warm-up the decaying heads skip the transitions
     ([32768], 32, "scalar", True, 128),  # a quarter of the heads through the transitions: 0.90 against 0.95 ms
-    ([8192], 8, "scalar", True, 32),
+    ([8192], 8, "scalar", True, 16),
     ([32768], 16, "scalar", False, 64),  # the plain update's transitions are cheaper: V alone
     ([8192], 16, "none", False, 32),  # ladder level 1: split at 16 heads (K / 2 blocks), not at 32
     ([8192], 16, "scalar", False, 16),  # level 2: K blocks (its Vd writers make K / 2 dearer)
     ([8192], 32, "scalar", False, None),
     ([32768], 16, "none", False, 128),
-    ([10000, 1, 190], 4, "scalar", True, 20),  # the layouts the GPU tests split (tests/test_gpu_ops.py)
-    ([10000, 1, 190], 4, "scalar", False, 10),  # the sequence cut into 16 segments
-    ([30000, 1, 190], 4, "none", True, 30),
+    ([10000, 1, 190], 4, "scalar", True, 27),  # the layouts the GPU tests split (tests/test_gpu_ops.py)
+    ([10000, 1, 190], 4, "scalar", False, 14),  # the sequence cut into 12 segments
+    ([30000, 1, 190], 4, "none", True, 40),
     ([10000, 1, 190], 4, "none", True, None),  # delta_rule: K / 8 blocks fill the GPU unsplit
     ([32768], 16, "none", True, None),
     ([8192], 4, "scalar", True, 16),
     ([2048], 8, "scalar", True, None),
     ([28672, 4096], 8, "scalar", True, 64),
-    ([16384] + [128] * 63, 16, "scalar", True, 43),  # the combine over the one long sequence alone
+    ([16384] + [128] * 63, 16, "scalar", True, 32),  # the combine over the one long sequence alone
     ([1024] * 8, 8, "scalar", True, None),
 ])
 def test_auto_split_splits_only_long_sequences_on_small_grids(lengths, heads, gate, delta, segment_chunks):
@@ -74,10 +70,9 @@ def test_modelled_split_time_adds_both_passes_and_the_combine():
     # transitions (state alone, V = 2K): the faster of 64 sequence-heads x 4 DV blocks of K / 2 (two waves of 132
     # SMs) and 128 CTAs of K (one wave); outputs: 128 CTAs of K / 2, one wave
     transitions = min(2 * 64 * CHUNK_US[("gdn", 2, False)], 64 * CHUNK_US[("gdn", 1, False)])
-    # the combine: 7 steps of 8 small products (the per-step cost), the slot grid's copy of 8 x 8 [B | M] states
-    copy_ms = 1e3 * 8 * 8 * 128 * 256 * 4 * 2 / COMBINE_COPY_BYTES_PER_S
+    # the combine: 7 steps of 8 small products (the per-step cost)
     expected = ((transitions + 64 * CHUNK_US[("gdn", 2, True)]) * 1e-3 + SPLIT_FIXED_MS[True]
-                + 7 * COMBINE_STEP_MS[True] + copy_ms)
+                + 7 * COMBINE_STEP_MS[True])
     assert modelled_ms([32768], 8, 132, plan) == pytest.approx(expected)
     # unsplit: 32 CTAs of K / 4
     assert modelled_ms([32768], 8, 132, None) == pytest.approx(512 * CHUNK_US[("gdn", 4, True)] * 1e-3)
@@ -162,7 +157,7 @@ def _stand_in(g_raw, scale):
                          ids=["gdn", "delta_rule", "simple_gla", "linear_attn"])
 @pytest.mark.parametrize("layout", ["varlen", "dense", "single"])
 def test_split_forward_matches_unsplit(gate, delta, segment_chunks, layout):
-    """layout: varlen, a dense batch of two, one sequence (the combine over its segments in order, no gathers)."""
+    """layout: varlen, a dense batch of two, one sequence (its last segment's state is the final one, no gather)."""
     lengths = [300, 1, 0, 130, 64] if layout == "varlen" else None
     p = _problem(gate, delta, lengths, B=1 if lengths or layout == "single" else 2, T=None if lengths else 200)
     o_ref, S_ref = reference.chunked(**p)
@@ -174,8 +169,9 @@ def test_split_forward_matches_unsplit(gate, delta, segment_chunks, layout):
         A = None if p["beta"] is None else torch.zeros(*p["v"].shape[:3], 64, dtype=F64)
         state_pass = _stand_in(p["g"], 8 ** -0.5)
         transitions = _extending(state_pass) if delta else state_pass
-        o, S = split_forward(transitions, state_pass, reference.entering_states, p["q"], p["k"], p["v"], gc,
-                             p["beta"], A, h0, True, plan)
+        combine = reference.transition_entering_states if delta else reference.entering_states
+        o, S = split_forward(transitions, state_pass, combine, p["q"], p["k"], p["v"], gc, p["beta"], A, h0, True,
+                             plan)
         if h0 is None:
             o_ref, S_ref = reference.chunked(**dict(p, initial_state=None))
         torch.testing.assert_close(o.double(), o_ref, rtol=0, atol=1e-9)
@@ -237,7 +233,8 @@ def test_split_forward_with_warmup_matches_unsplit(segment_chunks):
 
     for h0 in (p["initial_state"], None):
         o_ref, S_ref = reference.chunked(**dict(p, initial_state=h0), scale=scale)
-        o, S = split_forward(transitions, outputs, None, p["q"], p["k"], p["v"], gc, p["beta"], A, h0, True, plan,
+        o, S = split_forward(transitions, outputs, reference.transition_entering_states, p["q"], p["k"], p["v"], gc,
+                             p["beta"], A, h0, True, plan,
                              warmup)
         torch.testing.assert_close(o, o_ref, rtol=0, atol=1e-6)
         torch.testing.assert_close(S, S_ref, rtol=0, atol=1e-6)
@@ -264,7 +261,8 @@ def test_split_with_warmup_does_not_depend_on_the_head_sharding():
         def outputs(q, k, v, g_cumsum, beta, A, h0, cu, warm):
             return reference.warmup_outputs(q, k, v, g_raw, beta, scale, h0, cu, warm)
 
-        return split_forward(_extending(_stand_in(x["g"], scale)), outputs, None, x["q"], x["k"], x["v"],
+        return split_forward(_extending(_stand_in(x["g"], scale)), outputs, reference.transition_entering_states,
+                             x["q"], x["k"], x["v"],
                              gc[:, :, heads], x["beta"], A[:, :, heads], h0, True,
                              SegmentPlan.of(lengths, segment_chunks), reference.warmup_table)
 

@@ -13,7 +13,8 @@ so over a segment of chunks S_out = M S_in + B with M = T_n ... T_1 and B = S_ou
 No step relies on the decay forgetting the past, so the split is exact for every gate, g = 0 included.
 Segments begin at chunk boundaries of their sequence, so the chunk-local gc is that of the whole sequence.
 Without the delta rule M is the scalar m = exp(sum of g over the segment) times I, and step 2 needs only B and m
-(entering_states, the stage kernels.hopper.seq_combine computes).
+(entering_states); with it, step 2 takes [B | M] (transition_entering_states); kernels.hopper.seq_combine computes
+both.
 
 The warm-up (warmup_table, warmup_outputs; the stages kernels.hopper.warmup and the outputs pass compute): where the
 log decay summed over the w chunks before a segment reaches WARMUP_BOUND, the segment's entering state is, to fp32
@@ -61,6 +62,30 @@ def entering_states(B, gc, cu_segments, first, h0, chunk_size=64):
             S = m * S + B[j]
         final[n] = S
     return S_in, final
+
+
+def transition_entering_states(BM, first, h0, warm=None):
+    """Step 2 with the delta rule, over a segment table: S_in [S, HV, K, V] float64, segment j's entering state. BM
+    [S, HV, K, V + K]: each segment's [B | M] (S_out = M S_in + B); first [N + 1]: sequence n's segments are
+    first[n] to first[n + 1] - 1; h0 [N, HV, K, V] or None (zero); warm: the warm-up table (warmup_table) or None.
+    A (sequence, head) the warm-up takes (warm[0] >= 0) needs the entering state of its first segment alone: its
+    other rows are NaN (the outputs pass never reads them)."""
+    BM = BM.to(F64)
+    K = BM.shape[2]
+    V = BM.shape[3] - K
+    first = first.tolist()
+    S_in = BM.new_full((*BM.shape[:3], V), float("nan"))
+    for n in range(len(first) - 1):
+        j0, j1 = first[n], first[n + 1]
+        for h in range(BM.shape[1]):
+            S = BM.new_zeros(K, V) if h0 is None else h0[n, h].to(F64)
+            S_in[j0, h] = S
+            if warm is not None and warm[0, j0, h] >= 0:
+                continue
+            for j in range(j0, j1 - 1):
+                S = BM[j, h, :, V:] @ S + BM[j, h, :, :V]
+                S_in[j + 1, h] = S
+    return S_in
 
 
 WARMUP_BOUND = -17.0  # summed log decay over a warm-up: e^-17 < 2^-24, fp32's relative rounding

@@ -14,7 +14,8 @@ precompile.py`; token counts, head counts, K (cumsum, kkt_solve) and varlen layo
     in-place forward substitution of the 16x16 block (no coupling level)
     gla_factors_kernel(K, q/k dtype, gate_in, whether it writes KDA's Kg and A): gate_in None (gc), or the raw gate
     of GLA's log form or KDA's forms (the log gate, the softplus and the bounded sigmoid)
-    seq_combine_kernel(K, V, gate kind, whether an initial state is read): the plain update's sequence split
+    seq_combine_kernel(K, V, transition, whether an initial state is read, whether the warm-up table is read): the
+    sequence split's step 2; transition: the plain update's gate kind, or "matrix" (the delta rule's [B | M])
     l2norm_kernel(K, q/k dtype): use_qk_l2norm_in_kernel
     the state passes: plan.PassConfig.args for every (K, gate, update rule, dtype, switches, tiles) a plan can hold
 """
@@ -37,7 +38,8 @@ KDA_FORMS = ("log", "softplus", "sigmoid")
 GLA_FACTORS_CONFIGS = [(K, d, gate_in, delta) for K in (64, 128) for d in HALF for delta in (False, True)
                        for gate_in in (None, *((gd, form) for gd in GATE_DTYPES
                                                for form in (KDA_FORMS if delta else ("log",))))]
-SEQ_COMBINE_CONFIGS = [(K, K, gate, h0) for K in (64, 128) for gate in ("none", "scalar") for h0 in (False, True)]
+SEQ_COMBINE_CONFIGS = [(K, K, gate, h0, warm) for K in (64, 128) for h0 in (False, True)
+                       for gate, warm in (("none", False), ("scalar", False), ("matrix", False), ("matrix", True))]
 L2NORM_CONFIGS = [(K, d) for K in L2NORM_DIMS for d in HALF]
 KKT_CONFIGS = [
     (C, m, d, gate, pair)

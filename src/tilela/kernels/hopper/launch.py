@@ -13,7 +13,7 @@ The pipeline (`forward`), as named stages over the [B, T, H, D] layout:
                                                                                    no kkt_solve)
     o, S = state pass(q, k, v, gc, beta, A, S0)   launch_state_pass  plan.passes   (chunk_fwd_ws.py or chunk_fwd.py;
                                                                                    split: seq_split.py's transform,
-                                                                                   launch_combine for the plain update,
+                                                                                   launch_combine for its step 2,
                                                                                    launch_warmup for GDN's)
 
 Before it, use_qk_l2norm_in_kernel normalises q and k (tilela.ops, plan.l2norm_covers): launch_l2norm (l2norm.py).
@@ -198,14 +198,25 @@ def launch_warmup(gc, cu_segments, first, max_chunks: int):
     return table
 
 
-def launch_combine(key: tuple, B_seg, gc, cu_segments, first, h0):
-    """The plain update's split, step 2 (seq_combine.py): (S_in [S, HV, K, V], final [N, HV, K, V]) fp32 from the
-    transitions' states B_seg, the scalar gate's chunk-local cumsum gc [1, T, HV] (or None), the segment table's
-    cu_segments and first, and h0 [N, HV, K, V] (or None); key (K, V, gate, reads h0)."""
+def launch_combine(key: tuple, B_seg, *args):
+    """The split's step 2 (seq_combine.py); key (K, V, transition, reads h0, reads the warm-up table).
+    Plain update, launch_combine(key, B_seg, gc, cu_segments, first, h0): (S_in [S, HV, K, V], final [N, HV, K, V])
+    fp32 from the transitions' states B_seg, the scalar gate's chunk-local cumsum gc [1, T, HV] (or None), the
+    segment table's cu_segments and first, and h0 [N, HV, K, V] (or None).
+    Delta rule (transition "matrix"), launch_combine(key, BM, first, h0, warm): S_in [S, HV, K, V] fp32 from the
+    transitions' [B | M] [S, HV, K, V + K], first, h0 (or None) and the warm-up table (or None)."""
+    dev = B_seg.device
+    ph = placeholder(dev, torch.float32)
+    kernel = compiled(seq_combine_kernel, *key)
+    if key[2] == "matrix":
+        first, h0, warm = args
+        S_in = B_seg.new_empty(*B_seg.shape[:3], key[1])
+        kernel(B_seg, first, S_in if h0 is None else h0, placeholder(dev, torch.int32) if warm is None else warm, S_in)
+        return S_in
+    gc, cu_segments, first, h0 = args
     S_in = torch.empty_like(B_seg)
     final = B_seg.new_empty(first.shape[0] - 1, *B_seg.shape[1:])
-    compiled(seq_combine_kernel, *key)(B_seg, placeholder(B_seg.device, torch.float32) if gc is None else gc,
-                                       cu_segments, first, final if h0 is None else h0, S_in, final)
+    kernel(B_seg, ph if gc is None else gc, cu_segments, first, final if h0 is None else h0, S_in, final)
     return S_in, final
 
 
@@ -272,7 +283,7 @@ def _split(plan: Plan, q, k, v, g, beta, A, h0):
         return lambda q, k, v, g, beta, A, h0, cu, warm=None: launch_state_pass(cfg, q, k, v, g, beta, A, h0, cu,
                                                                                 cu.shape[0] - 1, warm=warm)
 
-    combine = None if plan.combine is None else functools.partial(launch_combine, plan.combine)
+    combine = functools.partial(launch_combine, plan.combine)
     return seq_split.split_forward(run(transitions), run(outputs), combine, q, k, v, g, beta, A, h0,
                                    plan.output_final_state, plan.split,
                                    launch_warmup if plan.output.warmup else None)

@@ -73,12 +73,10 @@ CHUNK_US = {
 # "the plain update's lean split, two output groups" (plain update).
 SPLIT_FIXED_MS = {True: 0.07, False: 0.015}
 COMBINE_STEP_MS = {True: 0.005, False: 0.0005}
-# The delta rule's combine over the M sequences cut into more than one segment (seq_split.split_forward): each step
-# a batched fp32 product of M x HV pairs of K x K and K x V matrices on the CUDA cores, and the [P, M] grid's copy
-# of the transitions' [B | M]; at many split sequences these, not the per-step launch, decide (64 sequences at 16
-# heads: about 0.1 ms a step).
-COMBINE_FP32_FLOPS = 50e12
-COMBINE_COPY_BYTES_PER_S = 3e12
+# The delta rule's combine (seq_combine.py, "matrix"): each step a K x K by K x V product per (sequence cut into
+# segments, value head) in fp32 on the CUDA cores; at many split sequences the products, not a step's latency,
+# decide. The FMA rate below is an estimate (half the H200's fp32 peak), not a fit.
+COMBINE_FP32_FLOPS = 30e12
 SEGMENT_CHUNKS = (8, 16, 32, 64, 128, 256)
 # Segments per sequence of the wave-sized candidates: the longest sequence cut into this many equal segments.
 SEGMENT_COUNTS = (2, 3, 4, 6, 8, 12, 16, 24, 32)
@@ -124,11 +122,18 @@ def default_block_DV(K: int, V: int, grid: int, sms: int = 132, store_output: bo
 
 def chains_us(K: int, V: int, heads: int, chains: "Chains", block_DV: int, sms: int, store_output: bool,
               rule: str) -> float:
-    """Modelled time of a launch over chains x heads x DV blocks CTAs: the longest chains' waves, or the whole work
-    spread over the SMs where the shorter chains outweigh them (a skewed varlen batch)."""
+    """Modelled time of a launch over chains x heads x DV blocks CTAs, one CTA per SM at a time: the longest chain
+    where every CTA fits on the SMs at once; else a list schedule's makespan, at least the longest chains' waves
+    and about the whole work spread over the SMs plus half a longest chain (the tail: between Graham's bounds for
+    a greedy schedule), at most every chain in waves of the longest."""
     ctas = heads * (V // block_DV)
-    longest = math.ceil(chains.longest_count * ctas / sms) * chains.longest
-    return CHUNK_US[(rule, K // block_DV, store_output)] * max(longest, chains.total * ctas / sms)
+    if chains.count * ctas <= sms:
+        chunks = chains.longest
+    else:
+        waves = math.ceil(chains.longest_count * ctas / sms) * chains.longest
+        spread = chains.total * ctas / sms + chains.longest / 2
+        chunks = min(math.ceil(chains.count * ctas / sms) * chains.longest, max(waves, spread))
+    return CHUNK_US[(rule, K // block_DV, store_output)] * chunks
 
 
 # ---- sequence split --------------------------------------------------------------------------------------------
@@ -216,14 +221,14 @@ def modelled_ms(lengths, heads: int, sms: int, split: SegmentPlan | None, K: int
 
 
 def _combine_ms(split: SegmentPlan, heads: int, K: int, delta: bool) -> float:
-    """The combine's steps (one per segment index past the first) and, with the delta rule, their products and the
-    grid's copy over the sequences cut into more than one segment and the value heads (V = K)."""
+    """The combine's steps (one per segment past a sequence's first, serial within a sequence), with the delta rule
+    each at least its products' time over the sequences cut into more than one segment and the value heads
+    (V = K)."""
     steps = split.max_per_sequence - 1
     if not delta:
         return steps * COMBINE_STEP_MS[False]
     pairs = split.num_split * heads
-    step = max(COMBINE_STEP_MS[True], 1e3 * pairs * 2 * K**3 / COMBINE_FP32_FLOPS)
-    return steps * step + 1e3 * split.max_per_sequence * pairs * K * 2 * K * 4 * 2 / COMBINE_COPY_BYTES_PER_S
+    return steps * max(COMBINE_STEP_MS[True], 1e3 * pairs * 2 * K**3 / COMBINE_FP32_FLOPS)
 
 
 def segment_sizes(longest: int) -> list[int]:
@@ -336,7 +341,8 @@ class Plan:
                  where it reads gc
     passes       the state/output launches: (outputs,) unsplit, (transitions, outputs) split
     split        the SegmentPlan of the call's host lengths, or None
-    combine      (K, V, gate, reads an initial state) of seq_combine (the plain update's split)
+    combine      (K, V, transition, reads an initial state, reads the warm-up table) of seq_combine (the split's
+                 step 2; transition: the gate kind under the plain update, "matrix" with the delta rule)
     The call's sizes (tokens, sequences, heads) are kept so launch.forward can check its inputs against the plan."""
 
     gate: str
@@ -461,7 +467,7 @@ def _plan(*, dtype: str, beta_dtype: str | None, gate_dtype: str | None, gate: s
         transitions = state_pass(2 * V if delta else V, segments, True, False, True, False, warmup=warmup)
         warmed = Chains.of(lengths, split.segment_chunks, WARMUP_CHUNKS) if warmup else segments
         passes = (transitions, state_pass(V, warmed, True, True, delta and output_final_state, True, warmup=warmup))
-        combine = None if delta else (K, V, gate, initial_state)
+        combine = (K, V, "matrix", initial_state, warmup) if delta else (K, V, gate, initial_state, False)
     return Plan(gate, delta, dtype, int(tokens), lengths, H, HV, K, V, bool(initial_state), bool(output_final_state),
                 cumsum, kkt,
                 factors, passes, split, combine)

@@ -1,20 +1,31 @@
-"""Sequence split, step 2 under the plain update (kernels.hopper.seq_split): the entering state of every segment and
-the final state of every sequence, from the segments' transitions. Mirrors reference.seq_split.entering_states:
+"""Sequence split, step 2 (kernels.hopper.seq_split): the entering state of every segment, from the segments'
+transitions. Two forms, mirroring reference.seq_split's entering_states and transition_entering_states:
+
+plain update (transition "none" / "scalar"): M_j = m_j I, and the final state of every sequence comes out too:
 
     m_j            = exp(sum over the chunks of segment j of gc at the chunk's last token)    (1 without a gate)
     S_in(first_n)  = h0_n (0 without an initial state)
     S_in(j + 1)    = m_j S_in(j) + B_j                       for the segments j of sequence n, in order
     final_n        = S_in(first_{n+1})                        (after the sequence's last segment)
 
-(B_j: segment j's state from a zero entering state, the transitions' pass; without the delta rule the transition
-matrix M of a segment is the scalar m_j times I.) gc is the chunk-local cumsum of a scalar log gate, [1, T, HV];
-segments start at chunk boundaries of their sequence, so its chunks are the sequence's.
+(B_j: segment j's state from a zero entering state, the transitions' pass.) gc is the chunk-local cumsum of a
+scalar log gate, [1, T, HV]; segments start at chunk boundaries of their sequence, so its chunks are the sequence's.
 
 Grid (K / ROWS, N, HV), 128 threads: a CTA owns ROWS rows of one sequence's K x V state for one value head, in
 fp32 registers, and walks the sequence's segments in order. B_j does not depend on the state, so it comes through
 a two-stage cp.async pipeline and a step is one fused multiply-add and a store. With a gate the decays of up to 128
 segments are summed first, one segment per thread, 16 chunk-end loads in flight at a time (all issued before the
 first sum uses one, rows clamped into the segment: a sum right behind each load would wait out every latency).
+
+delta rule (transition "matrix"): the transitions' pass gives [B_j | M_j] (K x (V + K)) per segment, and
+
+    S_in(first_n)  = h0_n (0 without an initial state)
+    S_in(j + 1)    = M_j S_in(j) + B_j                       in fp32 on the CUDA cores (exact to its rounding)
+
+Under GDN's warm-up a (sequence, head) the table warms up (warm[0] >= 0 at its first segment) needs its first
+segment's row alone: its CTAs stop there. Grid (V / COLUMNS, N, HV), K threads: thread r owns row r of COLUMNS
+columns of the state; per step the CTA stages M_j in shared memory (rows padded by one float, so the threads'
+rows fall in distinct banks) and the state's columns, and a thread forms its row's COLUMNS sums over K.
 """
 
 import tilelang.language as T
@@ -24,13 +35,20 @@ from .common import TILE, exp_e
 ROWS = 16  # state rows per CTA: K / 16 CTAs per sequence and value head
 THREADS = 128
 UNROLL = 16  # chunk-end loads in flight per thread
+COLUMNS = 16  # state columns per CTA of the delta rule's combine
+TRANSITIONS = ("none", "scalar", "matrix")
 
 
-def seq_combine_kernel(K: int, V: int, gate: str, use_initial_state: bool) -> T.PrimFunc:
-    """Build the prim_func for static (K, V, gate "none" or "scalar", whether an initial state is read); segment
-    and sequence counts, tokens, value heads and segment lengths are symbolic."""
-    if gate not in ("none", "scalar"):
-        raise ValueError(f"gate: the combine takes 'none' or 'scalar' (scalar transitions), got {gate!r}")
+def seq_combine_kernel(K: int, V: int, gate: str, use_initial_state: bool, warmup: bool = False) -> T.PrimFunc:
+    """Build the prim_func for static (K, V, transition: "none" or "scalar" (the plain update's m_j I), "matrix"
+    (the delta rule's M_j), whether an initial state is read, whether the warm-up table is read (matrix only));
+    segment and sequence counts, tokens, value heads and segment lengths are symbolic."""
+    if gate not in TRANSITIONS:
+        raise ValueError(f"gate: the combine takes one of {TRANSITIONS} (the transitions' form), got {gate!r}")
+    if warmup and gate != "matrix":
+        raise ValueError(f"warmup: the warm-up table belongs to the delta rule's combine ('matrix'), got {gate!r}")
+    if gate == "matrix":
+        return _matrix_combine(K, V, use_initial_state, warmup)
     if K % ROWS:
         raise ValueError(f"K: a multiple of {ROWS}, got {K}")
     S, N1, N, N0, HV, Tn, S1 = T.dynamic("S, N1, N, N0, HV, Tn, S1")
@@ -88,3 +106,47 @@ def seq_combine_kernel(K: int, V: int, gate: str, use_initial_state: bool) -> T.
             T.copy(S_f, ht[bn, bh, r0 : r0 + ROWS, :])
 
     return seq_combine
+
+
+def _matrix_combine(K: int, V: int, use_initial_state: bool, warmup: bool) -> T.PrimFunc:
+    """The delta rule's combine (module docstring): S_in [S, HV, K, V] from [B | M] [S, HV, K, V + K]."""
+    if V % COLUMNS:
+        raise ValueError(f"V: a multiple of {COLUMNS}, got {V}")
+    S, N1, N0, HV, NW = T.dynamic("S, N1, N0, HV, NW")
+    accum = "float32"
+
+    @T.prim_func
+    def matrix_combine(
+        BM: T.Tensor((S, HV, K, V + K), accum),
+        first: T.Tensor((N1,), "int32"),
+        h0: T.Tensor((N0, HV, K, V), accum),
+        warm: T.Tensor((2, NW, HV) if warmup else (1,), "int32"),
+        S_in: T.Tensor((S, HV, K, V), accum),
+    ):
+        with T.Kernel(V // COLUMNS, N1 - 1, HV, threads=K) as (bv, bn, bh):
+            c0 = bv * COLUMNS
+            M_s = T.alloc_shared((K, K + 1), accum)
+            S_s = T.alloc_shared((K, COLUMNS), accum)
+            acc = T.alloc_local((COLUMNS,), accum)
+            r = T.get_thread_binding()
+            j0 = first[bn]
+            count = first[bn + 1] - j0
+            for c in T.unroll(COLUMNS):
+                S_s[r, c] = h0[bn, bh, r, c0 + c] if use_initial_state else 0.0
+                S_in[j0, bh, r, c0 + c] = S_s[r, c]
+            steps = T.if_then_else(warm[0, j0, bh] < 0, count - 1, 0) if warmup else count - 1
+            for j in T.serial(steps):
+                for i, k in T.Parallel(K, K):
+                    M_s[i, k] = BM[j0 + j, bh, i, V + k]
+                for c in T.unroll(COLUMNS):
+                    acc[c] = BM[j0 + j, bh, r, c0 + c]
+                T.sync_threads()
+                for k in T.serial(K):
+                    for c in T.unroll(COLUMNS):
+                        acc[c] += M_s[r, k] * S_s[k, c]
+                T.sync_threads()
+                for c in T.unroll(COLUMNS):
+                    S_s[r, c] = acc[c]
+                    S_in[j0 + j + 1, bh, r, c0 + c] = acc[c]
+
+    return matrix_combine

@@ -6,11 +6,9 @@ parallelism, done exactly). Mirrors reference layer E (reference.seq_split):
                   entering state to [0 | I] (a K x (V + K) state; the pass forms both): its final state is [B | M].
                   Without the delta rule M = exp(sum of g over the segment) I, a scalar per segment and head (1
                   without a gate), so the pass runs on V from a zero state for B alone
-  2. entering     S_in(0) = the sequence's initial state (or 0), S_in(j + 1) = M_j S_in(j) + B_j, fp32: under the
-                  plain update one launch of seq_combine.py (per sequence and value head, serial over its
-                  segments, m_j summed from the gate there; it also gives the final states); with the delta rule
-                  one batched product per segment index over the sequences cut into segments and the heads
-                  (torch.baddbmm)
+  2. entering     S_in(0) = the sequence's initial state (or 0), S_in(j + 1) = M_j S_in(j) + B_j, fp32: one launch
+                  of seq_combine.py (per sequence and value head, serial over its segments; under the plain update
+                  m_j summed from the gate there, and the final states too)
   3. outputs      the state/output pass over the segments as one varlen batch from the entering states; with the
                   delta rule a sequence's final state is that of its last segment
 
@@ -24,16 +22,16 @@ gate, so the split stays exact to fp32 rounding and capturable, with one launch 
 
 Segments begin at chunk boundaries of their sequence, so the chunk-local gc and A are those of the unsplit call. An
 empty sequence keeps one empty segment (its final state is its initial state). The segment table comes from the
-plan's host lengths in one non-blocking copy from pinned memory, so nothing synchronises with the host: under the
-plain update the split is four launches (copy, transitions, combine, outputs). A CUDA graph captured after an eager
-call of the same plan reads that call's copy and has three nodes; captured first, the copy is its fourth node.
+plan's host lengths in one non-blocking copy from pinned memory, so nothing synchronises with the host: the split
+is four launches (copy, transitions, combine, outputs), five under the warm-up, and a gather of the final states
+where several sequences are cut. A CUDA graph captured after an eager call of the same plan reads that call's copy;
+captured first, the copy is a node of the graph.
 
 The split is an input transform: the passes it drives are ordinary varlen state passes whose sequences are the
 segments (they know nothing of segments), given as functions (split_forward): the TileLang passes of the plan on the
-GPU (launch.py), any other implementation of the same contract elsewhere; the plain update's combine likewise
-(launch.seq_combine on the GPU, reference.entering_states elsewhere). The transitions' pass leaves o unwritten. The
-delta rule's combine runs torch.baddbmm in fp32, so it honours a caller's TF32 setting (PyTorch's default keeps it
-off). The split's cost model and the SegmentPlan live in plan.py.
+GPU (launch.py), any other implementation of the same contract elsewhere; the combine likewise (launch.launch_combine
+on the GPU, reference.entering_states and reference.transition_entering_states elsewhere). The transitions' pass
+leaves o unwritten. The split's cost model and the SegmentPlan live in plan.py.
 """
 
 import functools
@@ -47,40 +45,22 @@ from .plan import CHUNK, SegmentPlan, segment_count
 class SegmentTable(NamedTuple):
     """A plan's segments as index tensors (int32): cu_segments [S + 1] the segments' token boundaries (the passes'
     varlen layout); first [N + 1]: sequence n's segments are first[n] to first[n + 1] - 1; last [N]: each
-    sequence's last segment. The delta rule's combine runs over the M sequences cut into more than one segment
-    (split [M], in order), on a [P, M] grid (P = plan.max_per_sequence): combined [C] those sequences' segments
-    and grid [C] their slots, j * M + m for the j-th segment of the m-th of them; slot [S]: the row of segment s's
-    entering state in the combine's rows, [P * M] of the grid, then [N] of the sequences' initial states (a
-    sequence in one segment enters from its own)."""
+    sequence's last segment."""
 
     cu_segments: torch.Tensor
     first: torch.Tensor
-    slot: torch.Tensor
     last: torch.Tensor
-    split: torch.Tensor
-    combined: torch.Tensor
-    grid: torch.Tensor
 
 
 def host_table(plan: SegmentPlan) -> tuple[list[int], ...]:
     """The SegmentTable's tensors as host lists, from plan.lengths."""
-    tokens, N, P = CHUNK * plan.segment_chunks, len(plan.lengths), plan.max_per_sequence
-    counts = [segment_count(length, plan.segment_chunks) for length in plan.lengths]
-    split = [n for n, count in enumerate(counts) if count > 1]
-    M, rank = len(split), {n: m for m, n in enumerate(split)}
-    starts, first, slots, last, combined, grid, bos = [], [0], [], [], [], [], 0
-    for n, (length, count) in enumerate(zip(plan.lengths, counts)):
-        starts += [bos + j * tokens for j in range(count)]
-        if n in rank:
-            combined += range(len(slots), len(slots) + count)
-            grid += [j * M + rank[n] for j in range(count)]
-            slots += grid[-count:]
-        else:
-            slots.append(P * M + n)
-        first.append(len(slots))
-        last.append(len(slots) - 1)
+    tokens = CHUNK * plan.segment_chunks
+    starts, first, bos = [], [0], 0
+    for length in plan.lengths:
+        starts += [bos + j * tokens for j in range(segment_count(length, plan.segment_chunks))]
+        first.append(len(starts))
         bos += length
-    return starts + [bos], first, slots, last, split, combined, grid
+    return starts + [bos], first, [n - 1 for n in first[1:]]
 
 
 def segment_table(plan: SegmentPlan, device: torch.device) -> SegmentTable:
@@ -97,9 +77,8 @@ def segment_table(plan: SegmentPlan, device: torch.device) -> SegmentTable:
 
 
 def _views(table: torch.Tensor, plan: SegmentPlan) -> SegmentTable:
-    S, N, M = plan.num_segments, len(plan.lengths), plan.num_split
-    C = S - (N - M)
-    return SegmentTable(*table.split([S + 1, N + 1, S, N, M, C, C]))
+    S, N = plan.num_segments, len(plan.lengths)
+    return SegmentTable(*table.split([S + 1, N + 1, N]))
 
 
 def _host_tensor(plan: SegmentPlan) -> torch.Tensor:
@@ -155,19 +134,18 @@ def split_forward(transitions, outputs, combine, q, k, v, g, beta, A, initial_st
     transitions / outputs: `pass(q, k, v, g, beta, A, h0, cu_seqlens) -> (o, final states)` in the varlen layout;
     transitions keep the state alone and store every segment's final state (with the delta rule from [0 | I] with
     the value [v | 0], which the pass forms itself: h0 None, final states K x (V + K)), outputs store o (and, with
-    the delta rule, the final states when asked for). combine(B, g, cu_segments, first, h0) -> (S_in, final): the plain
-    update's step 2 (launch.seq_combine on the GPU, reference.entering_states elsewhere); None with the delta rule.
-    warmup(g, cu_segments, first, max_chunks) -> table: the delta rule's warm-up table (launch.launch_warmup on the
-    GPU, reference.warmup_table elsewhere; max_chunks the segment's chunks), which the delta rule's transitions and
-    outputs then take as a ninth argument, warm; None: no warm-up.
+    the delta rule, the final states when asked for). combine: step 2 (launch.launch_combine on the GPU, the
+    reference's elsewhere): under the plain update combine(B, g, cu_segments, first, h0) -> (S_in, final)
+    (reference.entering_states), with the delta rule combine(BM, first, h0, warm) -> S_in
+    (reference.transition_entering_states). warmup(g, cu_segments, first, max_chunks) -> table: the delta rule's
+    warm-up table (launch.launch_warmup on the GPU, reference.warmup_table elsewhere; max_chunks the segment's
+    chunks), which the delta rule's transitions, combine and outputs then take, warm; None: no warm-up.
 
     Plain update: the transitions from a zero state give B, the combine S_in and the final states. Delta rule: the
-    transitions on [V | 0] from [0 | I] give [B | M], and the combine walks the [P, M] grid of the M sequences
-    cut into more than one segment (SegmentTable): step j is one batched fp32 product over them and the HV heads,
-    S_in[j + 1] = M[j] S_in[j] + B[j]; a sequence with fewer than P segments has M = B = 0 in its empty slots,
-    whose entering states are never read; a sequence in one segment enters from its initial state."""
+    transitions on [V | 0] from [0 | I] give [B | M], the combine S_in per segment (serial over a sequence's
+    segments, S_in[j + 1] = M[j] S_in[j] + B[j]; the first segment's alone for a (sequence, head) the warm-up
+    takes), the outputs pass o and each segment's final state, of which a sequence's last is its own."""
     B, Tn, HV, V = v.shape
-    K = q.shape[-1]
     q1, k1, v1, g1, beta1, A1 = (None if x is None else x.reshape(1, B * Tn, *x.shape[2:])
                                  for x in (q, k, v, g, beta, A))
     table = segment_table(split, v.device)
@@ -179,24 +157,9 @@ def split_forward(transitions, outputs, combine, q, k, v, g, beta, A, initial_st
 
     warm = None if warmup is None else warmup(g1, table.cu_segments, table.first, split.segment_chunks)
     extra = () if warm is None else (warm,)
-    N, P, M = len(split.lengths), split.max_per_sequence, split.num_split
-    # one sequence cut into segments (a long-context call): its grid is its segments in order, and the entering
-    # states are the grid's rows, so no gathers or copies
-    alone = N == 1 and M == 1
-    batched = lambda x, j: x[j * M : (j + 1) * M].view(M * HV, K, x.shape[-1])  # noqa: E731
     _, BM = transitions(q1, k1, v1, g1, beta1, A1, None, table.cu_segments, *extra)
-    BM_grid = BM if alone else BM.new_zeros(P * M, HV, K, V + K).index_copy_(0, table.grid.long(),
-                                                                              BM[table.combined.long()])
-    B_grid, M_grid = BM_grid[..., :V], BM_grid[..., V:]
-    S_rows = B_grid.new_empty(P * M + (0 if alone else N), HV, K, V)  # the grid's entering states, the initial ones
-    if alone:
-        S_rows[:1] = 0 if initial_state is None else initial_state
-    else:
-        S_rows[:M] = 0 if initial_state is None else initial_state[table.split.long()]
-        S_rows[P * M :] = 0 if initial_state is None else initial_state
-    for j in range(P - 1):
-        torch.baddbmm(batched(B_grid, j), batched(M_grid, j), batched(S_rows, j), out=batched(S_rows, j + 1))
-    entering = S_rows if alone else S_rows[table.slot.long()]
-    o, ht = outputs(q1, k1, v1, g1, beta1, A1, entering, table.cu_segments, *extra)
-    final = None if not output_final_state else ht[-1:] if alone else ht[table.last.long()]
+    S_in = combine(BM, table.first, initial_state, warm)
+    o, ht = outputs(q1, k1, v1, g1, beta1, A1, S_in, table.cu_segments, *extra)
+    # one sequence (a long-context call): its last segment's state is the last row, no gather
+    final = None if not output_final_state else ht[-1:] if len(split.lengths) == 1 else ht[table.last.long()]
     return o.view(B, Tn, HV, V), final
