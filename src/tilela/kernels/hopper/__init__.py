@@ -63,7 +63,13 @@ def available(*tensors: torch.Tensor) -> bool:
     """True when every tensor is on a CUDA device of compute capability 9.0 and TileLang imports."""
     if not tensors or not all(t.is_cuda for t in tensors):
         return False
-    return all(torch.cuda.get_device_capability(t.device) == (9, 0) for t in tensors) and _kernels_import()
+    return all(_hopper(t.device) for t in tensors) and _kernels_import()
+
+
+@functools.lru_cache(maxsize=None)
+def _hopper(device: torch.device) -> bool:
+    """Whether a CUDA device has compute capability 9.0 (asked once per device: every call checks its tensors)."""
+    return torch.cuda.get_device_capability(device) == (9, 0)
 
 
 @functools.lru_cache(maxsize=None)
