@@ -70,8 +70,12 @@ def test_compiles_for_sm90a(compiled, case):
         assert f"__launch_bounds__(128, {2 if gate == 'channel' else 4})" in source
     if case[0] == "l2norm":  # 16-byte loads and stores of the rows
         assert "*(uint4*)(x + " in source and "*(uint4*)(y + " in source
-    if case[0] == "seq_combine":  # the transitions' states arrive through the cp.async pipeline
-        assert "cp_async" in source
+    if case[0] == "seq_combine":
+        K, _, transition, *_ = case[1]
+        if transition == "matrix":  # thread r reads row r of M_j in shared memory, rows padded to K + 1 floats
+            assert f"(((int)threadIdx.x) * {K + 1}) + k)]" in source
+        else:  # the transitions' states arrive through the cp.async pipeline
+            assert "cp_async" in source
     if case[0] == "warmup":  # one barrier finds an unbounded segment of the (sequence, head)
         assert "__syncthreads_or(" in source
     if case[0] == "gla_factors":
