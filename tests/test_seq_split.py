@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from tilela import reference
-from tilela.kernels.hopper.plan import (CHUNK_US, COMBINE_STEP_MS, CTA_US, SPLIT_FIXED_MS,
+from tilela.kernels.hopper.plan import (CHUNK_US, COMBINE_STEP_MS, SPLIT_FIXED_MS,
                                         SegmentPlan, auto_split, modelled_ms)
 from tilela.kernels.hopper.seq_split import host_table, segment_table, split_forward
 
@@ -55,7 +55,7 @@ def test_segment_plan_rejects_empty_segments():
     ([8192], 4, "scalar", True, 16),
     ([2048], 8, "scalar", True, None),
     ([28672, 4096], 8, "scalar", True, 64),
-    ([16384] + [128] * 63, 16, "scalar", True, 22),  # the combine over the one long sequence alone
+    ([16384] + [128] * 63, 16, "scalar", True, 32),  # the combine over the one long sequence alone
     ([1024] * 8, 8, "scalar", True, None),
 ])
 def test_auto_split_splits_only_long_sequences_on_small_grids(lengths, heads, gate, delta, segment_chunks):
@@ -68,16 +68,14 @@ def test_auto_split_splits_only_long_sequences_on_small_grids(lengths, heads, ga
 def test_modelled_split_time_adds_both_passes_and_the_combine():
     plan = SegmentPlan.of([32768], 64)
     # transitions (state alone, V = 2K): the faster of 64 sequence-heads x 4 DV blocks of K / 2 (two waves of 132
-    # SMs) and 128 CTAs of K (one wave), each CTA at its own cost plus its chunks; outputs: 128 CTAs of K / 2, one
-    # wave
-    cta = CTA_US["gdn"]
-    transitions = min(2 * (cta + 64 * CHUNK_US[("gdn", 2, False)]), cta + 64 * CHUNK_US[("gdn", 1, False)])
+    # SMs) and 128 CTAs of K (one wave); outputs: 128 CTAs of K / 2, one wave
+    transitions = min(2 * 64 * CHUNK_US[("gdn", 2, False)], 64 * CHUNK_US[("gdn", 1, False)])
     # the combine: 7 steps of 8 small products (the per-step cost)
-    expected = ((transitions + cta + 64 * CHUNK_US[("gdn", 2, True)]) * 1e-3 + SPLIT_FIXED_MS[True]
+    expected = ((transitions + 64 * CHUNK_US[("gdn", 2, True)]) * 1e-3 + SPLIT_FIXED_MS[True]
                 + 7 * COMBINE_STEP_MS[True])
     assert modelled_ms([32768], 8, 132, plan) == pytest.approx(expected)
     # unsplit: 32 CTAs of K / 4
-    assert modelled_ms([32768], 8, 132, None) == pytest.approx((cta + 512 * CHUNK_US[("gdn", 4, True)]) * 1e-3)
+    assert modelled_ms([32768], 8, 132, None) == pytest.approx(512 * CHUNK_US[("gdn", 4, True)] * 1e-3)
 
 
 @pytest.mark.parametrize("gate,rule", [("scalar", "vd"), ("none", "plain")])

@@ -67,12 +67,6 @@ CHUNK_US = {
     ("vd", 2, False): 1.0, ("vd", 1, False): 1.73,
     ("kda", 2, True): 2.2, ("kda", 4, True): 1.43, ("kda", 8, True): 1.01,  # no K / 1 (dv_blocks)
 }
-# A state/output CTA's own cost beside its chunks, in us, by update rule: its start (barriers, the initial state's
-# load) and its end (the pipeline's drain, the final state's store). GDN's from "the seventeenth session": 1024x8
-# h16/32 at DV 128 (256 CTAs of 16 chunks, two waves) took 0.150 ms against 0.131 ms of chunk periods, and the
-# 1008 CTAs of 2 chunks of skew16384+63x128 h4/16 took about twice that each; the other rules' chunk periods were
-# fitted with it included.
-CTA_US = {"gdn": 10.0}
 # The split's own cost by update rule (delta rule or not): a fixed cost (the table's copy, the combine launch, the gaps
 # between launches) and a cost per combine step (one batched product per segment index with the delta rule, a
 # pipelined multiply-add without); fitted in "The sequence split: measured, modelled, switched on" (delta rule) and
@@ -128,19 +122,18 @@ def default_block_DV(K: int, V: int, grid: int, sms: int = 132, store_output: bo
 
 def chains_us(K: int, V: int, heads: int, chains: "Chains", block_DV: int, sms: int, store_output: bool,
               rule: str) -> float:
-    """Modelled time of a launch over chains x heads x DV blocks CTAs, one CTA per SM at a time, a CTA taking
-    CTA_US (by update rule) plus its chunks at the chunk period: the longest chain where every CTA fits on the SMs at once; else a
-    list schedule's makespan, at least the longest chains' waves and about the whole work spread over the SMs plus
-    half a longest chain (the tail: between Graham's bounds for a greedy schedule), at most every chain in waves of
-    the longest."""
+    """Modelled time of a launch over chains x heads x DV blocks CTAs, one CTA per SM at a time: the longest chain
+    where every CTA fits on the SMs at once; else a list schedule's makespan, at least the longest chains' waves
+    and about the whole work spread over the SMs plus half a longest chain (the tail: between Graham's bounds for
+    a greedy schedule), at most every chain in waves of the longest."""
     ctas = heads * (V // block_DV)
-    period, fixed = CHUNK_US[(rule, K // block_DV, store_output)], CTA_US.get(rule, 0.0)
-    longest = fixed + period * chains.longest
     if chains.count * ctas <= sms:
-        return longest
-    waves = math.ceil(chains.longest_count * ctas / sms) * longest
-    spread = (fixed * chains.count + period * chains.total) * ctas / sms + longest / 2
-    return min(math.ceil(chains.count * ctas / sms) * longest, max(waves, spread))
+        chunks = chains.longest
+    else:
+        waves = math.ceil(chains.longest_count * ctas / sms) * chains.longest
+        spread = chains.total * ctas / sms + chains.longest / 2
+        chunks = min(math.ceil(chains.count * ctas / sms) * chains.longest, max(waves, spread))
+    return CHUNK_US[(rule, K // block_DV, store_output)] * chunks
 
 
 # ---- sequence split --------------------------------------------------------------------------------------------
