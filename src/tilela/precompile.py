@@ -61,10 +61,10 @@ def jobs() -> list[Job]:
     out += [Job("kkt", c, frozenset({"kkt_solve"} | ({op_of[c[3], True]} if c[:2] == (TILE, "blocked") else set())),
                 dtype=c[2]) for c in KKT_CONFIGS]
     out += [Job("gla", c, frozenset({op_of["channel", c[3]]}), dtype=c[1], K=c[0]) for c in GLA_FACTORS_CONFIGS]
-    combine_ops = {"none": {op_of["none", False]}, "scalar": {op_of["scalar", False]},
-                   "matrix": {op_of["none", True], op_of["scalar", True]}}  # matrix: the delta rule's transitions
-    out += [Job("combine", c, frozenset(combine_ops[c[2]] if not c[4] else {op_of["scalar", True]}), K=c[0])
-            for c in SEQ_COMBINE_CONFIGS]
+    # by (transition, warm-up): the plain update's gate kinds, the delta rule's [B | M] (GDN's under the warm-up)
+    combine_op = {("none", False): op_of["none", False], ("scalar", False): op_of["scalar", False],
+                  ("matrix", False): op_of["none", True], ("matrix", True): op_of["scalar", True]}
+    out += [Job("combine", c, frozenset({combine_op[c[2], c[4]]}), K=c[0]) for c in SEQ_COMBINE_CONFIGS]
     l2norm_ops = frozenset(op for op, (_, delta) in ATTENTION_OPS.items() if delta)  # use_qk_l2norm_in_kernel
     out += [Job("l2norm", c, l2norm_ops, dtype=c[1], K=c[0]) for c in L2NORM_CONFIGS]
     out.append(Job("warmup", (), frozenset({op_of["scalar", True]})))

@@ -205,18 +205,18 @@ def launch_combine(key: tuple, B_seg, *args):
     segment table's cu_segments and first, and h0 [N, HV, K, V] (or None).
     Delta rule (transition "matrix"), launch_combine(key, BM, first, h0, warm): S_in [S, HV, K, V] fp32 from the
     transitions' [B | M] [S, HV, K, V + K], first, h0 (or None) and the warm-up table (or None)."""
-    dev = B_seg.device
-    ph = placeholder(dev, torch.float32)
     kernel = compiled(seq_combine_kernel, *key)
     if key[2] == "matrix":
         first, h0, warm = args
         S_in = B_seg.new_empty(*B_seg.shape[:3], key[1])
-        kernel(B_seg, first, S_in if h0 is None else h0, placeholder(dev, torch.int32) if warm is None else warm, S_in)
+        warm = placeholder(B_seg.device, torch.int32) if warm is None else warm
+        kernel(B_seg, first, S_in if h0 is None else h0, warm, S_in)
         return S_in
     gc, cu_segments, first, h0 = args
     S_in = torch.empty_like(B_seg)
     final = B_seg.new_empty(first.shape[0] - 1, *B_seg.shape[1:])
-    kernel(B_seg, ph if gc is None else gc, cu_segments, first, final if h0 is None else h0, S_in, final)
+    gc = placeholder(B_seg.device, torch.float32) if gc is None else gc
+    kernel(B_seg, gc, cu_segments, first, final if h0 is None else h0, S_in, final)
     return S_in, final
 
 

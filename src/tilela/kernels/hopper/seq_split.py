@@ -23,8 +23,8 @@ gate, so the split stays exact to fp32 rounding and capturable, with one launch 
 Segments begin at chunk boundaries of their sequence, so the chunk-local gc and A are those of the unsplit call. An
 empty sequence keeps one empty segment (its final state is its initial state). The segment table comes from the
 plan's host lengths in one non-blocking copy from pinned memory, so nothing synchronises with the host: the split
-is four launches (copy, transitions, combine, outputs), five under the warm-up, and a gather of the final states
-where several sequences are cut. A CUDA graph captured after an eager call of the same plan reads that call's copy;
+is four launches (copy, transitions, combine, outputs), five under the warm-up, and with the delta rule a gather
+of the final states where the call has several sequences. A CUDA graph captured after an eager call of the same plan reads that call's copy;
 captured first, the copy is a node of the graph.
 
 The split is an input transform: the passes it drives are ordinary varlen state passes whose sequences are the
