@@ -78,7 +78,7 @@ def test_ops_capture_in_a_cuda_graph(op, lengths, h_v, splits, table_copied_befo
     splits a 10000-token sequence over 4 value heads), varlen and dense (a single sequence without cu_seqlens): GDN
     (the delta rule's combine) and simple_gla (the plain update's combine kernel). The split's segment table is the
     eager call's copy, or (no copy kept from before the capture) a copy node of the graph."""
-    from tilela.kernels.hopper import multiprocessors, seq_split
+    from tilela.kernels.hopper import host_tables, multiprocessors
     from tilela.kernels.hopper.plan import auto_split
 
     delta = op == "chunk_gated_delta_rule"
@@ -99,8 +99,8 @@ def test_ops_capture_in_a_cuda_graph(op, lengths, h_v, splits, table_copied_befo
     eager_o, eager_S = run()  # compiles outside the capture
     torch.cuda.synchronize()
     if not table_copied_before:
-        monkeypatch.setattr(seq_split, "_EAGER_TABLES", {})
-        monkeypatch.setattr(seq_split, "_GRAPH_TABLES", {})
+        monkeypatch.setattr(host_tables, "_EAGER", {})
+        monkeypatch.setattr(host_tables, "_GRAPH", {})
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         o, S = run()

@@ -125,6 +125,19 @@ def test_split_plan_has_transitions_then_outputs():
     assert ungated.split is not None and not ungated.output.warmup  # delta_rule: no decay to bound a warm-up
 
 
+def test_launch_order_puts_the_longest_sequences_first():
+    """Longest first, ties in batch order; none where the batch order already is, or every CTA fits one wave."""
+    assert P.launch_order([128, 16384, 64, 128, 16384], ctas=64, sms=132) == (1, 4, 0, 3, 2)
+    assert P.launch_order([16384, 128, 128], ctas=64, sms=132) is None
+    assert P.launch_order([128, 16384], ctas=64, sms=132) is None
+    skewed = _plan(H=4, HV=16, lengths=(128,) * 63 + (16384,), tokens=63 * 128 + 16384, varlen=True, split=None)
+    assert skewed.order == (63, *range(63))
+    assert _plan(H=4, HV=16, lengths=(16384,) + (128,) * 63, tokens=63 * 128 + 16384, varlen=True,
+                 split=None).order is None
+    split = _plan(H=4, HV=16, lengths=(128,) * 63 + (16384,), tokens=63 * 128 + 16384, varlen=True)
+    assert split.split is not None and split.order is None  # the segment table orders the split's passes
+
+
 def test_unknown_kernel_is_rejected():
     with pytest.raises(ValueError, match="kernel: expected 'auto', 'ws' or 'loop', got 'fast'"):
         _plan(kernel="fast")

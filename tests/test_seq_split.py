@@ -25,7 +25,8 @@ def test_segment_table_cuts_each_sequence_at_chunk_multiples():
     assert (plan.segment_chunks, plan.num_segments, plan.max_per_sequence) == (2, 8, 3)
     expected = ([0, 128, 256, 300, 301, 301, 429, 431, 495],
                 [0, 3, 4, 5, 7, 8],  # each sequence's first segment (and the count at the end)
-                [2, 3, 4, 6, 7])  # each sequence's last segment
+                [2, 3, 4, 6, 7],  # each sequence's last segment
+                [0, 1, 5, 7, 2, 6, 3, 4])  # longest first: 128 tokens (in segment order), 64, 44, 2, 1, 0
     assert host_table(plan) == expected
     table = segment_table(plan, torch.device("cpu"))
     assert [t.tolist() for t in table] == list(expected)
@@ -47,15 +48,15 @@ def test_segment_plan_rejects_empty_segments():
     ([8192], 16, "scalar", False, 16),  # level 2: K blocks (its Vd writers make K / 2 dearer)
     ([8192], 32, "scalar", False, None),
     ([32768], 16, "none", False, 128),
-    ([10000, 1, 190], 4, "scalar", True, 27),  # the layouts the GPU tests split (tests/test_gpu_ops.py)
-    ([10000, 1, 190], 4, "scalar", False, 14),  # the sequence cut into 12 segments
-    ([30000, 1, 190], 4, "none", True, 40),
+    ([10000, 1, 190], 4, "scalar", True, 20),  # the layouts the GPU tests split (tests/test_gpu_ops.py)
+    ([10000, 1, 190], 4, "scalar", False, 10),  # the sequence cut into 16 segments
+    ([30000, 1, 190], 4, "none", True, 30),
     ([10000, 1, 190], 4, "none", True, None),  # delta_rule: K / 8 blocks fill the GPU unsplit
     ([32768], 16, "none", True, None),
     ([8192], 4, "scalar", True, 16),
     ([2048], 8, "scalar", True, None),
     ([28672, 4096], 8, "scalar", True, 64),
-    ([16384] + [128] * 63, 16, "scalar", True, 32),  # the combine over the one long sequence alone
+    ([16384] + [128] * 63, 16, "scalar", True, 43),  # the combine over the one long sequence alone
     ([1024] * 8, 8, "scalar", True, None),
 ])
 def test_auto_split_splits_only_long_sequences_on_small_grids(lengths, heads, gate, delta, segment_chunks):
@@ -132,20 +133,20 @@ def _problem(gate, delta, lengths, B=1, T=None, H=1, G=2, K=8, V=12, seed=0):
 def _extending(state_pass):
     """The delta rule's transitions as split_forward calls them: h0 None, the pass forms the value [v | 0] and the
     entering state [0 | I] itself (chunk_fwd_ws.py at V = 2K)."""
-    def transitions(q, k, v, g_cumsum, beta, A, h0, cu_seqlens, *warm):
+    def transitions(q, k, v, g_cumsum, beta, A, h0, cu_seqlens, order, *warm):
         assert h0 is None
         K, V = k.shape[-1], v.shape[-1]
         h_ext = torch.zeros(cu_seqlens.numel() - 1, v.shape[2], K, V + K, dtype=F64)
         h_ext[..., V:].diagonal(dim1=-2, dim2=-1).fill_(1.0)
         return state_pass(q, k, torch.cat([v, v.new_zeros(*v.shape[:-1], K)], -1), g_cumsum, beta, A, h_ext,
-                          cu_seqlens)
+                          cu_seqlens, order)
     return transitions
 
 
 def _stand_in(g_raw, scale):
     """A float64 state pass with the contract split_forward drives (varlen layout): reference layer B over the
     segments, from the raw gate (segments start at chunk boundaries, so its chunk-local cumsum is the one given)."""
-    def state_pass(q, k, v, g_cumsum, beta, A, h0, cu_seqlens):
+    def state_pass(q, k, v, g_cumsum, beta, A, h0, cu_seqlens, order):
         g1 = None if g_raw is None else g_raw.reshape(1, -1, g_raw.shape[2])
         return reference.chunked(q, k, v, g=g1, beta=beta, scale=scale, initial_state=h0,
                                  cu_seqlens=cu_seqlens.long())
@@ -191,8 +192,8 @@ def test_warmup_table_takes_the_fewest_chunks_that_bound_the_past():
     warm = reference.warmup_table(gc, table.cu_segments, table.first, max_chunks=2)
     assert warm[0].T.tolist() == [[0, 1, 1, 1, 1, 0, 0, 1, 1],
                                   [0, 2, 2, 2, 2, 0, 0, 2, 2],
-                                  [-1, -1, -1, -1, -1, 0, -1, -1, -1],
-                                  [-1, -1, -1, -1, -1, 0, -1, -1, -1]]
+                                  [-1, -1, -1, -1, 0, 0, -1, -1, 0],  # a sequence's last transition is never read
+                                  [-1, -1, -1, -1, 0, 0, -1, -1, 0]]
     assert warm[1].T.tolist() == [[0, -1, -1, -1, -1, 5, 6, -1, -1],
                                   [0, -1, -1, -1, -1, 5, 6, -1, -1],
                                   [0, 1, 2, 3, 4, 5, 6, 7, 8],
@@ -223,12 +224,12 @@ def test_split_forward_with_warmup_matches_unsplit(segment_chunks):
         tables.append(reference.warmup_table(g, cu_segments, first, max_chunks))
         return tables[-1]
 
-    def transitions(q, k, v, g_cumsum, beta, A, h0, cu, warm):
-        _, ht = _extending(_stand_in(p["g"], scale))(q, k, v, g_cumsum, beta, A, h0, cu)
+    def transitions(q, k, v, g_cumsum, beta, A, h0, cu, order, warm):
+        _, ht = _extending(_stand_in(p["g"], scale))(q, k, v, g_cumsum, beta, A, h0, cu, order)
         ht[warm[0] >= 0] = float("nan")
         return None, ht
 
-    def outputs(q, k, v, g_cumsum, beta, A, h0, cu, warm):
+    def outputs(q, k, v, g_cumsum, beta, A, h0, cu, order, warm):
         return reference.warmup_outputs(q, k, v, p["g"].reshape(1, -1, 3), beta, scale, h0, cu, warm)
 
     for h0 in (p["initial_state"], None):
@@ -258,7 +259,7 @@ def test_split_with_warmup_does_not_depend_on_the_head_sharding():
         h0 = p["initial_state"][:, heads]
         g_raw = x["g"].reshape(1, -1, len(heads))
 
-        def outputs(q, k, v, g_cumsum, beta, A, h0, cu, warm):
+        def outputs(q, k, v, g_cumsum, beta, A, h0, cu, order, warm):
             return reference.warmup_outputs(q, k, v, g_raw, beta, scale, h0, cu, warm)
 
         return split_forward(_extending(_stand_in(x["g"], scale)), outputs, reference.transition_entering_states,

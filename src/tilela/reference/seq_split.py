@@ -99,8 +99,9 @@ def warmup_table(gc, cu_segments, first, max_chunks, chunk_size=64):
 
     Segment j of sequence n, first chunk c0 of its sequence: w = the fewest chunks (1 <= w <= max_chunks) whose
     summed decay is <= WARMUP_BOUND, from zero (w, -1); else (c0, first[n]) from the sequence's initial state when
-    c0 <= max_chunks; else unbounded, and then every segment of the (sequence, head) is (-1, j). A first segment is
-    (0, first[n])."""
+    c0 <= max_chunks; else unbounded, and then every segment j of the (sequence, head) is (-1, j) but its last, which
+    is (0, j): the outputs pass enters it from S_in[j] alike, and the transitions skip it (no entering state reads a
+    sequence's last transition). A first segment is (0, first[n])."""
     bounds, first = cu_segments.tolist(), first.tolist()
     HV = gc.shape[-1]
     table = torch.empty(2, len(bounds) - 1, HV, dtype=torch.int64)
@@ -110,7 +111,7 @@ def warmup_table(gc, cu_segments, first, max_chunks, chunk_size=64):
             rows = [_warmup(gc[0, :, h].float(), bounds[j], (bounds[j] - bounds[j0]) // chunk_size, j0, max_chunks,
                             chunk_size) for j in range(j0, j1)]
             if None in rows:
-                rows = [(-1, j) for j in range(j0, j1)]
+                rows = [(-1, j) for j in range(j0, j1 - 1)] + [(0, j1 - 1)]
             table[:, j0:j1, h] = torch.tensor(rows, dtype=torch.int64).T
     return table
 

@@ -43,7 +43,7 @@ out of valid output rows, their Vnew rows are zeroed before the state update, an
 import tilelang.language as T
 
 from .common import TILE as CHUNK
-from .common import channel_score_dtype, exp_e, state_pass_contract, subchunk_scores
+from .common import channel_score_dtype, exp_e, sequence_of, state_pass_contract, subchunk_scores
 
 
 def chunk_fwd_kernel(
@@ -64,8 +64,8 @@ def chunk_fwd_kernel(
     """Build the state/output pass for static head sizes, gate kind, update rule and tile sizes.
 
     Batch, sequence length, head counts and number of sequences are dynamic: one compiled kernel serves every
-    T, every head configuration (GVA ratio G = HV / H) and every varlen layout.  Grid: (V // block_DV,
-    N sequences, HV).  Inputs absent for a configuration (g without a
+    T, every head configuration (GVA ratio G = HV / H) and every varlen layout.  Grid: (V // block_DV, HV,
+    N sequences in the launch order).  Inputs absent for a configuration (g without a
     gate; beta and A for the plain update) are one-element placeholders.
     """
     C = CHUNK
@@ -85,8 +85,11 @@ def chunk_fwd_kernel(
 
     @T.prim_func
     def chunk_fwd(q: sig.q, k: sig.k, v: sig.v, g: sig.g, beta: sig.beta, A: sig.A, h0: sig.h0,
-                  cu_seqlens: sig.cu_seqlens, o: sig.o, ht: sig.ht, kg: sig.kg, P: sig.P, warm: sig.warm):
-        with T.Kernel(NV, (NS1 - 1) if is_varlen else B, HV, threads=threads) as (bv, bn, bh):
+                  cu_seqlens: sig.cu_seqlens, o: sig.o, ht: sig.ht, kg: sig.kg, P: sig.P, warm: sig.warm,
+                  order: sig.order):
+        with T.Kernel(NV, HV, (NS1 - 1) if is_varlen else B, threads=threads) as (bv, bh, bz):
+            bn = T.alloc_var("int32")
+            bn = sequence_of(sig, order, bz) if is_varlen else bz
             hq = bh // (HV // H)
             v0 = bv * block_DV
 

@@ -86,7 +86,7 @@ import tilelang.language as T
 from tvm.script.ir_builder import IRBuilder
 
 from .common import TILE as CHUNK
-from .common import exp_e, extended_value, state_pass_contract
+from .common import exp_e, extended_value, sequence_of, state_pass_contract
 from .plan import update_rule
 
 GROUP = 128  # threads of a warp group
@@ -297,7 +297,7 @@ def chunk_fwd_ws_kernel(
     formed here: the DV blocks past column K load v's columns past its end, which TMA fills with zeros, and their
     state starts from the identity), gate kind (GATES), update rule and DV block (dv_blocks(K); below K for the
     per-channel delta rule at K = 128).  Batch, length, head counts and the varlen layout are dynamic.
-    Grid: (V // block_DV, N sequences, HV), 512 threads.  Inputs absent for a configuration (g without a gate; beta
+    Grid: (V // block_DV, HV, N sequences in the launch order), 512 threads.  Inputs absent for a configuration (g without a gate; beta
     and A for the plain update) are one-element placeholders.  store_output=False drops the output group (its
     warps idle, o is not written): the state pass alone, as the sequence split's transitions need it.
     warmup (varlen, the sequence split's passes with the warm-up table in warm, hopper/warmup.py): with output, a
@@ -588,8 +588,11 @@ def chunk_fwd_ws_kernel(
 
     @T.prim_func
     def chunk_fwd_ws(q: sig.q, k: sig.k, v: sig.v, g: sig.g, beta: sig.beta, A: sig.A, h0: sig.h0,
-                     cu_seqlens: sig.cu_seqlens, o: sig.o, ht: sig.ht, kg: sig.kg, P: sig.P, warm: sig.warm):
-        with T.Kernel(cfg.NV, (NS1 - 1) if is_varlen else B, HV, threads=4 * GROUP) as (bv, bn, bh):
+                     cu_seqlens: sig.cu_seqlens, o: sig.o, ht: sig.ht, kg: sig.kg, P: sig.P, warm: sig.warm,
+                     order: sig.order):
+        with T.Kernel(cfg.NV, HV, (NS1 - 1) if is_varlen else B, threads=4 * GROUP) as (bv, bh, bz):
+            bn = T.alloc_var("int32")
+            bn = sequence_of(sig, order, bz) if is_varlen else bz
             hq = bh // (HV // H)
             v0 = bv * block_DV
             smem = allocate_shared(cfg, dtype)

@@ -161,8 +161,8 @@ def extended_value(K, V):
 def state_pass_contract(K, V, gate, delta, dtype, beta_dtype, scores=False, warmup=False):
     """The launch contract both state/output passes (hopper/chunk_fwd.py, hopper/chunk_fwd_ws.py) compile against,
     as a namespace: the dynamic sizes B, Tn, H, HV, NS1 (batch, tokens, q/k heads, value heads, len(cu_seqlens))
-    and the tensor types of the thirteen arguments, in order q, k, v, g, beta, A, h0, cu_seqlens, o, ht, kg, P,
-    warm.
+    and the tensor types of the fourteen arguments, in order q, k, v, g, beta, A, h0, cu_seqlens, o, ht, kg, P,
+    warm, order.
     Arguments a configuration does not read (g without a gate; beta and A for the plain update; kg and P without
     the factors, so always on chunk_fwd.py, which forms the per-channel gate's products itself) are one-element
     placeholders.
@@ -173,14 +173,17 @@ def state_pass_contract(K, V, gate, delta, dtype, beta_dtype, scores=False, warm
     unread).
     warmup: the sequence split's warm-up table (hopper/warmup.py) in warm, [2, sequences, HV] int32: the chunks a
     segment's pass starts early (-1: none) and the row of h0 it enters from (-1: zero).
+    order (varlen): the launch order of the sequences, [N] int32 (plan.launch_order: longest chains first, so that
+    a skewed batch's long chains start in the first wave), or a one-element placeholder: batch order. The grid walks
+    (V blocks, value heads, sequences), the sequences slowest (sequence_of).
     V = 2K (the delta rule's split transitions, hopper/chunk_fwd_ws.py): v and o have K columns, the pass extends
     the value to [V | 0] itself; h0 and ht have V."""
-    B, Tn, H, HV, N0, N1, NS1, NSL, NW = T.dynamic("B, Tn, H, HV, N0, N1, NS1, NSL, NW")
+    B, Tn, H, HV, N0, N1, NS1, NSL, NW, NO = T.dynamic("B, Tn, H, HV, N0, N1, NS1, NSL, NW, NO")
     accum = "float32"
     V_in = K if extended_value(K, V) else V  # the value's columns in memory
     g_shape = [NSL, HV, K] if scores else {"none": [1], "scalar": [B, Tn, HV], "channel": [B, Tn, HV, K]}[gate]
     return SimpleNamespace(
-        B=B, Tn=Tn, H=H, HV=HV, NS1=NS1,
+        B=B, Tn=Tn, H=H, HV=HV, NS1=NS1, NO=NO,
         q=T.Tensor([B, Tn, H, K], dtype),
         k=T.Tensor([B, Tn, H, K], dtype),
         v=T.Tensor([B, Tn, HV, V_in], dtype),
@@ -194,7 +197,14 @@ def state_pass_contract(K, V, gate, delta, dtype, beta_dtype, scores=False, warm
         kg=T.Tensor([B, Tn, HV, K] if scores and delta else [1], dtype),
         P=T.Tensor([B, Tn, HV, TILE] if scores else [1], dtype),
         warm=T.Tensor([2, NW, HV] if warmup else [1], "int32"),
+        order=T.Tensor([NO], "int32"),
     )
+
+
+def sequence_of(sig, order, z):
+    """The sequence a state pass's CTA at grid index z (the slowest) runs: order[z] where the launch has an order
+    table (NO > 1), else z."""
+    return T.if_then_else(sig.NO > 1, order[z], z)
 
 
 PASS_CONFIGS = {

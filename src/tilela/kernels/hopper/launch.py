@@ -36,6 +36,7 @@ from .chunk_fwd_ws import chunk_fwd_ws_kernel
 from .common import TILE, pass_configs, target
 from .cumsum import chunk_local_cumsum_kernel
 from .gla_factors import gla_factors_kernel
+from .host_tables import device_table
 from .kkt_solve import kkt_solve_kernel
 from .l2norm import l2norm_kernel
 from .plan import Plan
@@ -171,11 +172,11 @@ def launch_factors(key: tuple, q: torch.Tensor, k: torch.Tensor, g: torch.Tensor
     return Qg, Kd, Kg, P, Ab, D
 
 
-def launch_state_pass(cfg, q, k, v, g, beta, A, h0, cu, N, kg=None, P=None, warm=None):
+def launch_state_pass(cfg, q, k, v, g, beta, A, h0, cu, N, kg=None, P=None, warm=None, order=None):
     """One state/output launch of PassConfig cfg over N sequences: (o like v, final state [N, HV, K, V] fp32 or
     None). Inputs a configuration does not read (g without a gate; beta and A for the plain update; kg and P but
     after gla_factors, beta after gla_factors' Ab; warm but under the split's warm-up) and h0 without an initial
-    state are placeholders; o is allocated (the launch contract fixes its shape) but, without the output group, not
+    state are placeholders, as is order (the sequences' launch order, int32 [N]) for the batch order; o is allocated (the launch contract fixes its shape) but, without the output group, not
     written."""
     HV = v.shape[2]
     dev = v.device
@@ -186,7 +187,8 @@ def launch_state_pass(cfg, q, k, v, g, beta, A, h0, cu, N, kg=None, P=None, warm
     kernel = compiled(STATE_PASSES[cfg.kernel], *cfg.args, warp_specialized=True)
     kernel(q, k, v, ph if g is None else g, ph if beta is None else beta, half if A is None else A,
            ht if h0 is None else h0, cu, o, ht, half if kg is None else kg, half if P is None else P,
-           placeholder(dev, torch.int32) if warm is None else warm)
+           placeholder(dev, torch.int32) if warm is None else warm, placeholder(dev, torch.int32) if order is None
+           else order)
     return o, (ht if cfg.store_final_state else None)
 
 
@@ -268,7 +270,8 @@ def forward(plan: Plan, q, k, v, g, beta, initial_state=None, cu_seqlens=None, *
         g = g.float()
     h0 = None if initial_state is None else initial_state.float().contiguous()
     if plan.split is None:
-        o, ht = launch_state_pass(plan.output, q, k, v, g, beta, A, h0, sched.cu, sched.N, kg, P)
+        order = None if plan.order is None else device_table(list, plan.order, q.device)
+        o, ht = launch_state_pass(plan.output, q, k, v, g, beta, A, h0, sched.cu, sched.N, kg, P, order=order)
     else:
         o, ht = _split(plan, q, k, v, g, beta, A, h0)
     return (o if plan.output.store_output else None), ht
@@ -280,8 +283,8 @@ def _split(plan: Plan, q, k, v, g, beta, A, h0):
     transitions, outputs = plan.passes
 
     def run(cfg):
-        return lambda q, k, v, g, beta, A, h0, cu, warm=None: launch_state_pass(cfg, q, k, v, g, beta, A, h0, cu,
-                                                                                cu.shape[0] - 1, warm=warm)
+        return lambda q, k, v, g, beta, A, h0, cu, order, warm=None: launch_state_pass(
+            cfg, q, k, v, g, beta, A, h0, cu, cu.shape[0] - 1, warm=warm, order=order)
 
     combine = functools.partial(launch_combine, plan.combine)
     return seq_split.split_forward(run(transitions), run(outputs), combine, q, k, v, g, beta, A, h0,

@@ -19,8 +19,8 @@ Each stage's static configuration is its compile key; the launchers pass it to t
 
 Cost model. A state pass is bound by each CTA's serial chain of chunks with one CTA per SM, so a launch takes about
 waves x chunks x the chunk period of its (update rule, K / DV block, output group on); over chains of unequal length
-(a skewed varlen batch, the split's segments) the longest chains' waves or the whole work spread over the SMs,
-whichever is more (chains_us). The periods (CHUNK_US, in us at K = 128 on the H200; K = 64 takes those of the same
+(a skewed varlen batch, the split's segments), which launch longest first (launch_order, the segment table's
+order), the longest chains' waves or the whole work spread over the SMs, whichever is more (chains_us). The periods (CHUNK_US, in us at K = 128 on the H200; K = 64 takes those of the same
 K / DV block) and the split's fixed and per-step costs are data fitted to H200 measurements; each table names the
 section of benchmarks/NOTES.md it comes from. The split's combine products and copy are counted from their FLOPs
 and bytes.
@@ -115,23 +115,23 @@ def default_block_DV(K: int, V: int, grid: int, sms: int = 132, store_output: bo
     blocks = [block for block in dv_blocks(K) if (block >= 32 or K >= 128) and (rule, K // block, store_output)
               in CHUNK_US]
     if chains is None or chains.count == 0:
-        chains = Chains(grid, 1, grid, grid)
+        chains = Chains(grid, 1, grid, grid, 1)
     heads = grid // chains.count
     return min(blocks, key=lambda block: chains_us(K, V, heads, chains, block, sms, store_output, rule))
 
 
 def chains_us(K: int, V: int, heads: int, chains: "Chains", block_DV: int, sms: int, store_output: bool,
               rule: str) -> float:
-    """Modelled time of a launch over chains x heads x DV blocks CTAs, one CTA per SM at a time: the longest chain
-    where every CTA fits on the SMs at once; else a list schedule's makespan, at least the longest chains' waves
-    and about the whole work spread over the SMs plus half a longest chain (the tail: between Graham's bounds for
-    a greedy schedule), at most every chain in waves of the longest."""
+    """Modelled time of a launch over chains x heads x DV blocks CTAs, one CTA per SM at a time, the chains launched
+    longest first: the longest chain where every CTA fits on the SMs at once; else that list schedule's makespan,
+    the longest chains' waves or the whole work spread over the SMs plus a shortest chain (the tail: the last
+    chains to start are the shortest), whichever is more; at most every chain in waves of the longest."""
     ctas = heads * (V // block_DV)
     if chains.count * ctas <= sms:
         chunks = chains.longest
     else:
         waves = math.ceil(chains.longest_count * ctas / sms) * chains.longest
-        spread = chains.total * ctas / sms + chains.longest / 2
+        spread = chains.total * ctas / sms + chains.shortest
         chunks = min(math.ceil(chains.count * ctas / sms) * chains.longest, max(waves, spread))
     return CHUNK_US[(rule, K // block_DV, store_output)] * chunks
 
@@ -171,12 +171,14 @@ def _pass_ms(K: int, V: int, heads: int, chains: "Chains", sms: int, store_outpu
 
 @dataclass(frozen=True)
 class Chains:
-    """The chunk chains of a launch's sequences (or segments): how many, the longest, how many of it, the sum."""
+    """The chunk chains of a launch's sequences (or segments): how many, the longest, how many of it, the sum, the
+    shortest."""
 
     count: int
     longest: int
     longest_count: int
     total: int
+    shortest: int
 
     @classmethod
     def of(cls, lengths, segment_chunks: int | None = None, warmup: int = 0) -> "Chains":
@@ -191,7 +193,7 @@ class Chains:
             full, rest = divmod(chunks, segment_chunks)
             chains += [segment_chunks] + [segment_chunks + warmup] * (full - 1) + ([rest + warmup] if rest else [])
         longest = max(chains, default=0)
-        return cls(len(chains), longest, chains.count(longest), sum(chains))
+        return cls(len(chains), longest, chains.count(longest), sum(chains), min(chains, default=0))
 
 
 def warms(gate: str, delta: bool) -> bool:
@@ -254,6 +256,15 @@ def auto_split(lengths, heads: int, sms: int, K: int = 128, gate: str = "scalar"
                                                                   MIXED_UNBOUNDED) <= unsplit):
             best, best_ms = split, ms
     return best
+
+
+def launch_order(lengths, ctas: int, sms: int) -> tuple[int, ...] | None:
+    """The unsplit pass's launch order of a varlen batch (the grid walks it, common.sequence_of): its sequences
+    longest first, stably; None where the batch order serves, as every CTA (ctas per sequence) starts in the first
+    wave or no sequence is longer than one before it."""
+    if len(lengths) * ctas <= sms or all(a >= b for a, b in zip(lengths, lengths[1:])):
+        return None
+    return tuple(sorted(range(len(lengths)), key=lambda n: -lengths[n]))
 
 
 # ---- coverage ----------------------------------------------------------------------------------------------------
@@ -341,6 +352,8 @@ class Plan:
                  where it reads gc
     passes       the state/output launches: (outputs,) unsplit, (transitions, outputs) split
     split        the SegmentPlan of the call's host lengths, or None
+    order        the unsplit pass's launch order (launch_order: its sequences longest first), or None (batch order;
+                 the split's passes take the segment table's)
     combine      (K, V, transition, reads an initial state, reads the warm-up table) of seq_combine (the split's
                  step 2; transition: the gate kind under the plain update, "matrix" with the delta rule)
     The call's sizes (tokens, sequences, heads) are kept so launch.forward can check its inputs against the plan."""
@@ -362,6 +375,7 @@ class Plan:
     passes: tuple[PassConfig, ...]
     split: SegmentPlan | None
     combine: tuple | None
+    order: tuple[int, ...] | None
 
     @property
     def output(self) -> PassConfig:
@@ -454,9 +468,11 @@ def _plan(*, dtype: str, beta_dtype: str | None, gate_dtype: str | None, gate: s
         return PassConfig("ws" if ws else "loop", K, V_pass, float(scale), gate, delta, dtype, beta_dtype,
                           varlen_pass, h0, ht, tiles)
 
+    order = None
     if split is None:
         passes = (state_pass(V, Chains.of(lengths), varlen, initial_state, output_final_state, outputs, block_DV),)
         combine = None
+        order = launch_order(lengths, HV * (V // passes[0].block_DV), sms) if varlen else None
     else:
         # transitions: the state alone over every segment from a zero state (plain update: value V, combine after),
         # or from [0 | I] with the value [V | 0], both formed in the pass (delta rule: [B | M] out); outputs from the
@@ -469,5 +485,4 @@ def _plan(*, dtype: str, beta_dtype: str | None, gate_dtype: str | None, gate: s
         passes = (transitions, state_pass(V, warmed, True, True, delta and output_final_state, True, warmup=warmup))
         combine = (K, V, "matrix", initial_state, warmup) if delta else (K, V, gate, initial_state, False)
     return Plan(gate, delta, dtype, int(tokens), lengths, H, HV, K, V, bool(initial_state), bool(output_final_state),
-                cumsum, kkt,
-                factors, passes, split, combine)
+                cumsum, kkt, factors, passes, split, combine, order)

@@ -22,10 +22,10 @@ gate, so the split stays exact to fp32 rounding and capturable, with one launch 
 
 Segments begin at chunk boundaries of their sequence, so the chunk-local gc and A are those of the unsplit call. An
 empty sequence keeps one empty segment (its final state is its initial state). The segment table comes from the
-plan's host lengths in one non-blocking copy from pinned memory, so nothing synchronises with the host: the split
-is four launches (copy, transitions, combine, outputs), five under the warm-up, and with the delta rule a gather
-of the final states where the call has several sequences. A CUDA graph captured after an eager call of the same plan reads that call's copy;
-captured first, the copy is a node of the graph.
+plan's host lengths in one non-blocking copy from pinned memory (host_tables.py), so nothing synchronises with the
+host: the split is four launches (copy, transitions, combine, outputs), five under the warm-up, and with the delta
+rule a gather of the final states where the call has several sequences. Both passes launch the segments longest
+first (the table's order), so that a skewed batch's long chains start in the first wave.
 
 The split is an input transform: the passes it drives are ordinary varlen state passes whose sequences are the
 segments (they know nothing of segments), given as functions (split_forward): the TileLang passes of the plan on the
@@ -34,22 +34,23 @@ on the GPU, reference.entering_states and reference.transition_entering_states e
 leaves o unwritten. The split's cost model and the SegmentPlan live in plan.py.
 """
 
-import functools
 from typing import NamedTuple
 
 import torch
 
+from .host_tables import device_table
 from .plan import CHUNK, SegmentPlan, segment_count
 
 
 class SegmentTable(NamedTuple):
     """A plan's segments as index tensors (int32): cu_segments [S + 1] the segments' token boundaries (the passes'
     varlen layout); first [N + 1]: sequence n's segments are first[n] to first[n + 1] - 1; last [N]: each
-    sequence's last segment."""
+    sequence's last segment; order [S]: the segments longest first, stably (the passes' launch order)."""
 
     cu_segments: torch.Tensor
     first: torch.Tensor
     last: torch.Tensor
+    order: torch.Tensor
 
 
 def host_table(plan: SegmentPlan) -> tuple[list[int], ...]:
@@ -60,68 +61,20 @@ def host_table(plan: SegmentPlan) -> tuple[list[int], ...]:
         starts += [bos + j * tokens for j in range(segment_count(length, plan.segment_chunks))]
         first.append(len(starts))
         bos += length
-    return starts + [bos], first, [n - 1 for n in first[1:]]
+    cu = starts + [bos]
+    order = sorted(range(len(starts)), key=lambda s: cu[s] - cu[s + 1])
+    return cu, first, [n - 1 for n in first[1:]], order
+
+
+def _flat_table(plan: SegmentPlan) -> list[int]:
+    return sum(host_table(plan), [])
 
 
 def segment_table(plan: SegmentPlan, device: torch.device) -> SegmentTable:
-    """The plan's SegmentTable on the device. On a GPU it comes in one non-blocking copy from pinned memory (cached
-    per plan, device and stream), so nothing synchronises with the host. Inside a CUDA-graph capture the graph
-    reads a copy made before the capture when there is one (torch.cuda.graph synchronises the device before it
-    captures, so that copy has landed; it is then kept for good, as the graph reads it at every replay); else the
-    copy is a node of the graph, reading the plan's pinned host table, which lives as long as the process."""
-    if device.type != "cuda":
-        return _views(_host_tensor(plan).to(device), plan)
-    if torch.cuda.is_current_stream_capturing():
-        return _captured_table(plan, device)
-    return _device_table(plan, device, torch.cuda.current_stream(device).cuda_stream)
-
-
-def _views(table: torch.Tensor, plan: SegmentPlan) -> SegmentTable:
+    """The plan's SegmentTable on the device, in one table of host_tables (one non-blocking copy on a GPU, none
+    when the plan's table is there already)."""
     S, N = plan.num_segments, len(plan.lengths)
-    return SegmentTable(*table.split([S + 1, N + 1, N]))
-
-
-def _host_tensor(plan: SegmentPlan) -> torch.Tensor:
-    """host_table in one int32 tensor."""
-    return torch.tensor(sum(host_table(plan), []), dtype=torch.int32)
-
-
-@functools.cache
-def _pinned(plan: SegmentPlan) -> torch.Tensor:
-    """_host_tensor pinned (never freed: a captured graph's copy reads it on every replay)."""
-    return _host_tensor(plan).pin_memory()
-
-
-def _copied(plan: SegmentPlan, device: torch.device) -> SegmentTable:
-    """The table in one non-blocking copy from its pinned host tensor."""
-    return _views(_pinned(plan).to(device, non_blocking=True), plan)
-
-
-_EAGER_TABLES: dict[tuple[SegmentPlan, torch.device, int], SegmentTable] = {}  # insertion order: oldest first
-_GRAPH_TABLES: dict[tuple[SegmentPlan, torch.device], SegmentTable] = {}
-EAGER_TABLES = 64
-
-
-def _device_table(plan: SegmentPlan, device: torch.device, stream: int) -> SegmentTable:
-    """segment_table outside a capture, per plan, device and stream (the copy is ordered on the stream that reads
-    it); the EAGER_TABLES latest are kept."""
-    key = (plan, device, stream)
-    table = _EAGER_TABLES.pop(key, None) or _copied(plan, device)
-    _EAGER_TABLES[key] = table
-    while len(_EAGER_TABLES) > EAGER_TABLES:
-        del _EAGER_TABLES[next(iter(_EAGER_TABLES))]
-    return table
-
-
-def _captured_table(plan: SegmentPlan, device: torch.device) -> SegmentTable:
-    """segment_table inside a capture: a copy made on the device before it (kept from then on), else a copy node."""
-    table = _GRAPH_TABLES.get((plan, device))
-    if table is None:
-        table = next((t for (p, d, _), t in reversed(_EAGER_TABLES.items()) if (p, d) == (plan, device)), None)
-        if table is None:
-            return _copied(plan, device)
-        _GRAPH_TABLES[(plan, device)] = table
-    return table
+    return SegmentTable(*device_table(_flat_table, plan, device).split([S + 1, N + 1, N, S]))
 
 
 def split_forward(transitions, outputs, combine, q, k, v, g, beta, A, initial_state, output_final_state,
@@ -131,7 +84,8 @@ def split_forward(transitions, outputs, combine, q, k, v, g, beta, A, initial_st
     their entering states its initial states. split must be SegmentPlan.of(the call's sequence lengths) (plan.py makes
     it so); g is the gate's chunk-local cumsum (or None), A kkt_solve's output (delta rule) or None.
 
-    transitions / outputs: `pass(q, k, v, g, beta, A, h0, cu_seqlens) -> (o, final states)` in the varlen layout;
+    transitions / outputs: `pass(q, k, v, g, beta, A, h0, cu_seqlens, order) -> (o, final states)` in the varlen
+    layout, order the segments' launch order (SegmentTable.order; no result depends on it);
     transitions keep the state alone and store every segment's final state (with the delta rule from [0 | I] with
     the value [v | 0], which the pass forms itself: h0 None, final states K x (V + K)), outputs store o (and, with
     the delta rule, the final states when asked for). combine: step 2 (launch.launch_combine on the GPU, the
@@ -150,16 +104,16 @@ def split_forward(transitions, outputs, combine, q, k, v, g, beta, A, initial_st
                                  for x in (q, k, v, g, beta, A))
     table = segment_table(split, v.device)
     if A is None:
-        _, B_seg = transitions(q1, k1, v1, g1, beta1, A1, None, table.cu_segments)
+        _, B_seg = transitions(q1, k1, v1, g1, beta1, A1, None, table.cu_segments, table.order)
         S_in, final = combine(B_seg, g1, table.cu_segments, table.first, initial_state)
-        o, _ = outputs(q1, k1, v1, g1, beta1, A1, S_in, table.cu_segments)
+        o, _ = outputs(q1, k1, v1, g1, beta1, A1, S_in, table.cu_segments, table.order)
         return o.view(B, Tn, HV, V), (final if output_final_state else None)
 
     warm = None if warmup is None else warmup(g1, table.cu_segments, table.first, split.segment_chunks)
     extra = () if warm is None else (warm,)
-    _, BM = transitions(q1, k1, v1, g1, beta1, A1, None, table.cu_segments, *extra)
+    _, BM = transitions(q1, k1, v1, g1, beta1, A1, None, table.cu_segments, table.order, *extra)
     S_in = combine(BM, table.first, initial_state, warm)
-    o, ht = outputs(q1, k1, v1, g1, beta1, A1, S_in, table.cu_segments, *extra)
+    o, ht = outputs(q1, k1, v1, g1, beta1, A1, S_in, table.cu_segments, table.order, *extra)
     # one sequence (a long-context call): its last segment's state is the last row, no gather
     final = None if not output_final_state else ht[-1:] if len(split.lengths) == 1 else ht[table.last.long()]
     return o.view(B, Tn, HV, V), final

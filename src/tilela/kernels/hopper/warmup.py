@@ -9,7 +9,8 @@ reference.seq_split.warmup_table:
       else w_j = c0 from the sequence's initial state, if c0 <= max_chunks: exact (table (c0, first[n]))
       else unbounded
     a sequence's first segment: (0, first[n]); a (sequence, head) with an unbounded segment: (-1, j) for each of
-    its segments j (the transitions' pass and the combine give its entering states, exactly)
+    its segments j but the last, (0, j) there (the transitions' pass and the combine give its entering states,
+    exactly; no entering state reads the last segment's transition, so its transitions' CTA runs no chunk)
 
 table[0] holds w (-1: the transitions), table[1] the row of the entering states S_in the outputs pass starts from
 (-1: zero). The sums run in float32 in chunk order, as the reference's.
@@ -83,7 +84,8 @@ def warmup_table_kernel() -> T.PrimFunc:
             if unbounded > 0:
                 for block in T.serial(T.ceildiv(count, THREADS)):
                     if block * THREADS + tid < count:
-                        table[0, j0 + block * THREADS + tid, bh] = -1
+                        table[0, j0 + block * THREADS + tid, bh] = T.if_then_else(
+                            block * THREADS + tid == count - 1, 0, -1)
                         table[1, j0 + block * THREADS + tid, bh] = j0 + block * THREADS + tid
 
     return warmup_table
