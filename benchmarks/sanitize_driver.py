@@ -67,7 +67,7 @@ def entry_points():
                                     initial_state=h0 is not None, output_final_state=output_final_state, varlen=True,
                                     g_input="cumsum" if g_is_cumsum else "raw", kernel=kernel, block_DV=block_DV,
                                     split=segments)
-        return hopper.forward(the_plan, q, k, v, g, beta, h0, cu, A=A if the_plan.kkt else None)
+        return hopper.forward(the_plan, q, k, v, g, beta, h0, cu, A=A if the_plan.kkt and g_is_cumsum else None)
 
     def cumsum_in_kernel_gate(key, raw, params, lower_bound, cu):
         return launch.launch_cumsum(key, raw, launch.Schedule.of(raw, cu), lower_bound, params)
@@ -75,7 +75,7 @@ def entry_points():
     def kkt_solve(k, beta, gc, chunk, cu, method="blocked"):
         gate = "none" if gc is None else ("scalar" if gc.dim() == 3 else "channel")
         key = plan.kkt_key(chunk, method, hopper.DTYPE_NAMES[k.dtype], gate, beta.shape[2] // k.shape[2])
-        return launch.launch_kkt(key, k, beta, gc, launch.Schedule.of(k, cu))
+        return launch.launch_kkt(key, k, beta, gc, launch.Schedule.of(k, cu))[0]
 
     def factors(key, q, k, g, beta, scale, cu, params=None, lower=None):
         """(Qg, Ab = A diag(beta) or None) of gla_factors' configuration key on g (gc, or the raw gate of key's

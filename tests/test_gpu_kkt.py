@@ -133,8 +133,8 @@ def test_kkt_solve_per_channel_gate(chunk, method, dtype, kind):
     # the public op takes a scalar gate only; the per-channel kernel runs in chunk_kda's pipeline, so its launcher
     key = plan.kkt_key(chunk, method, hopper.DTYPE_NAMES[dtype], "channel", HV // H)
     k_dev = k.to(DEV)
-    A = launch.launch_kkt(key, k_dev, beta.to(DEV), gc.to(DEV),
-                          launch.Schedule.of(k_dev, None if cu is None else cu.to(DEV)))
+    A, _ = launch.launch_kkt(key, k_dev, beta.to(DEV), gc.to(DEV),
+                             launch.Schedule.of(k_dev, None if cu is None else cu.to(DEV)))
     ref = reference.kkt_solve(k, beta, gc, chunk, cu)
     assert A.dtype == dtype and A.shape == (B, T, HV, chunk)
     assert torch.isfinite(A).all()
@@ -186,6 +186,44 @@ def test_gla_factors_A_from_the_raw_gate(g_dtype, form, dtype, K):
     got = Ab.double().cpu()
     assert rel_l2(got[diagonal], ref[diagonal]) < TOL[dtype]
     assert rel_l2(got.masked_fill(diagonal, 0), ref.masked_fill(diagonal, 0)) < TOL[dtype]
+
+
+@pytest.mark.parametrize("g_dtype,form", [(torch.float32, "log"), (torch.bfloat16, "log"), (torch.float16, "softplus"),
+                                          (torch.float32, "softplus")])
+@pytest.mark.parametrize("heads", [(2, 4), (1, 3)], ids=["pairs", "odd_group"])
+def test_kkt_solve_sums_the_scalar_gate(g_dtype, form, heads):
+    """GDN's kkt_solve from the raw scalar gate (plan.kkt's gate_in): its gc and A those of the cumsum stage
+    followed by kkt_solve on gc (the same float32 sums in the same order; nvcc may fuse the softplus form's product
+    into the cumsum stage's add, a last-bit difference), and A against the float64 stack;
+    varlen with 1-token sequences, GVA 2 (two value heads per pass) and 3 (one), the log gate and FLA's softplus
+    in-kernel gate with its (a, b) per value head and a -30 reset token."""
+    gen = torch.Generator().manual_seed(len(form) + heads[1])
+    B, T, cu = layout("varlen", gen)
+    (H, HV), K = heads, 128
+    k, beta = make_inputs(B, T, H, HV, K, torch.bfloat16, gen)
+    params = None
+    if form == "log":
+        raw = raw_gate(B, T, HV, "weak", gen)
+        raw[:, T // 3] = -30.0
+        g = raw.to(g_dtype).double()
+    else:
+        raw = 4 * torch.randn(B, T, HV, generator=gen)
+        params = torch.stack((torch.rand(HV, generator=gen) * 15 + 1, torch.randn(HV, generator=gen)))
+        g = apply_gate(raw.to(g_dtype).double(), form, params.double(), None)
+    raw = raw.to(g_dtype)
+    k_dev, cu_dev = k.to(DEV), cu.to(DEV)
+    sched = launch.Schedule.of(k_dev, cu_dev)
+    dtype, gd = hopper.DTYPE_NAMES[torch.bfloat16], hopper.DTYPE_NAMES[g_dtype]
+    p_dev = None if params is None else params.to(DEV)
+    A, gc = launch.launch_kkt(plan.kkt_key(64, "blocked", dtype, "scalar", HV // H, (gd, form)), k_dev,
+                              beta.to(DEV), raw.to(DEV), sched, None, p_dev)
+    gc_stage = launch.launch_cumsum((64, gd, form), raw.to(DEV), sched, None, p_dev)
+    A_stage, _ = launch.launch_kkt(plan.kkt_key(64, "blocked", dtype, "scalar", HV // H), k_dev, beta.to(DEV),
+                                   gc_stage, sched)
+    torch.testing.assert_close(gc, gc_stage, rtol=1e-6, atol=1e-6)
+    assert rel_l2(A, A_stage) < 1e-3
+    ref = reference.kkt_solve(k, beta, reference.chunk_local_cumsum(g, 64, cu), 64, cu)
+    assert offdiag_err(A, ref, cu) < TOL[torch.bfloat16]
 
 
 def test_kkt_solve_large_matches_reference():

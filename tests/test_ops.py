@@ -200,9 +200,9 @@ def test_in_kernel_gates_reach_the_gate_stages_raw(monkeypatch):
         if plan_.gate == "channel":
             form = plan_.factors[2][1]
             assert plan_.cumsum is None and plan_.kkt is None and plan_.factors[2] == ("bfloat16", form)
-        else:
-            form = plan_.cumsum[2]
-            assert plan_.cumsum == (64, "bfloat16", form)
+        else:  # GDN's kkt_solve sums the gate
+            form = plan_.kkt[5][1]
+            assert plan_.cumsum is None and plan_.kkt[5] == ("bfloat16", form)
         assert g.dtype == torch.bfloat16
         assert (lower == -5.0) if form == "sigmoid" else lower is None
         assert rel_l2(_gates.apply_gate(g.double(), form, params.double(), lower), want[form]) < 1e-6

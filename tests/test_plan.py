@@ -68,8 +68,12 @@ def _plan(**kw):
 
 
 def test_gdn_plan_names_its_stages_once():
-    plan = _plan(H=2, HV=8, lengths=[2048], tokens=2048)
-    assert plan.cumsum == (64, "float32", "log") and plan.kkt == (64, "blocked", "bfloat16", "scalar", 2)
+    plan = _plan(H=2, HV=8, lengths=[2048], tokens=2048)  # kkt_solve sums the gate: no cumsum stage
+    assert plan.cumsum is None and plan.kkt == (64, "blocked", "bfloat16", "scalar", 2, ("float32", "log"))
+    gc_in = _plan(H=2, HV=6, lengths=[2048], tokens=2048, g_input="cumsum")
+    assert gc_in.cumsum is None and gc_in.kkt == (64, "blocked", "bfloat16", "scalar", 1, None)
+    simple_gla = _plan(H=2, HV=8, lengths=[2048], tokens=2048, delta=False, beta_dtype=None)
+    assert simple_gla.cumsum == (64, "float32", "log") and simple_gla.kkt is None
     assert plan.factors is None and plan.split is None and plan.combine is None
     (cfg,) = plan.passes
     assert cfg.kernel == "ws" and cfg.args == (128, 128, 1.0, "scalar", True, "bfloat16", "float32", False, False,
@@ -89,7 +93,7 @@ def test_kda_plan_takes_the_warp_specialised_pass():
     no factors."""
     loop = _plan(gate="channel", kernel="loop", gate_dtype="bfloat16", gate_form="sigmoid")
     assert loop.passes[0].kernel == "loop" and loop.factors is None
-    assert loop.cumsum == (64, "bfloat16", "sigmoid") and loop.kkt == (64, "blocked", "bfloat16", "channel", 1)
+    assert loop.cumsum == (64, "bfloat16", "sigmoid") and loop.kkt == (64, "blocked", "bfloat16", "channel", 1, None)
     assert _plan(gate="channel") == _plan(gate="channel", kernel="ws")
     plan = _plan(gate="channel")
     assert plan.cumsum is None and plan.kkt is None

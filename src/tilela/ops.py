@@ -539,8 +539,9 @@ def kkt_solve(
 
         gate = "none" if g is None else ("scalar" if g.dim() == 3 else "channel")
         key = hopper.plan.kkt_key(chunk_size, method, hopper.DTYPE_NAMES[k.dtype], gate, dims.HV // dims.H)
-        return launch.launch_kkt(key, k.contiguous(), beta.contiguous(), None if g is None else g.float().contiguous(),
-                                launch.Schedule.of(k, cu_seqlens))
+        A, _ = launch.launch_kkt(key, k.contiguous(), beta.contiguous(), None if g is None else g.float().contiguous(),
+                                 launch.Schedule.of(k, cu_seqlens))
+        return A
     return torch_path.kkt_solve(k, beta, g, chunk_size, dims)
 
 

@@ -55,11 +55,12 @@ def jobs() -> list[Job]:
 
     op_of = {level: op for op, level in ATTENTION_OPS.items()}
     gated = frozenset(op for op, (gate, _) in ATTENTION_OPS.items() if gate != "none")
-    in_kernel_gate = frozenset(op_of[gate, True] for gate in ("scalar", "channel"))  # GDN's and KDA's gate forms
-    out = [Job("cumsum", c, frozenset({"chunk_local_cumsum"}) | (gated if c[0] == TILE else frozenset())
-               if c[2] == "log" else in_kernel_gate) for c in CUMSUM_CONFIGS]
-    out += [Job("kkt", c, frozenset({"kkt_solve"} | ({op_of[c[3], True]} if c[:2] == (TILE, "blocked") else set())),
-                dtype=c[2]) for c in KKT_CONFIGS]
+    gdn = op_of["scalar", True]  # its kkt_solve sums the gate (no cumsum stage)
+    out = [Job("cumsum", c, frozenset({"chunk_local_cumsum"}) | (gated - {gdn} if c[0] == TILE else frozenset())
+               if c[2] == "log" else frozenset({op_of["channel", True]})) for c in CUMSUM_CONFIGS]
+    out += [Job("kkt", c, frozenset({gdn}) if c[5] else frozenset(
+        {"kkt_solve"} | ({op_of[c[3], True]} if c[:2] == (TILE, "blocked") and c[3] != "scalar" else set())),
+        dtype=c[2]) for c in KKT_CONFIGS]
     out += [Job("gla", c, frozenset({op_of["channel", c[3]]}), dtype=c[1], K=c[0]) for c in GLA_FACTORS_CONFIGS]
     # by (transition, warm-up): the plain update's gate kinds, the delta rule's [B | M] (GDN's under the warm-up)
     combine_op = {("none", False): op_of["none", False], ("scalar", False): op_of["scalar", False],

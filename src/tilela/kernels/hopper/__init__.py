@@ -10,8 +10,9 @@ the kernels can run on given tensors.
 The static configurations we ship, each compiled by the tests (tests/test_compile*.py) and by `benchmarks/
 precompile.py`; token counts, head counts, K (cumsum, kkt_solve) and varlen layouts are symbolic:
     chunk_local_cumsum_kernel(chunk, g dtype, gate form): "log" at every chunk, FLA's in-kernel gate forms at 64
-    kkt_solve_kernel(chunk, method, k dtype, gate kind, value heads per pass); "blocked" at chunk 16 is the plain
-    in-place forward substitution of the 16x16 block (no coupling level)
+    kkt_solve_kernel(chunk, method, k dtype, gate kind, value heads per pass, gate_in); "blocked" at chunk 16 is
+    the plain in-place forward substitution of the 16x16 block (no coupling level); gate_in None (gc), or at chunk
+    64 the raw scalar gate of GDN's forms, summed in the kernel (no cumsum launch)
     gla_factors_kernel(K, q/k dtype, gate_in, whether it writes KDA's Kg and A): gate_in None (gc), or the raw gate
     of GLA's log form or KDA's forms (the log gate, the softplus and the bounded sigmoid)
     seq_combine_kernel(K, V, transition, whether an initial state is read, whether the warm-up table is read): the
@@ -35,6 +36,7 @@ CUMSUM_CONFIGS = [(C, d, "log") for C in (16, 32, 64) for d in ("float32", *HALF
 KKT_METHODS = [(16, "blocked"), (32, "blocked"), (64, "blocked"), (16, "neumann"), (32, "neumann"), (64, "neumann")]
 GATE_DTYPES = ("float32", *HALF)
 KDA_FORMS = ("log", "softplus", "sigmoid")
+GDN_FORMS = ("log", "softplus")  # the scalar gate's: the log gate and FLA's in-kernel gate (use_gate_in_kernel)
 GLA_FACTORS_CONFIGS = [(K, d, gate_in, delta) for K in (64, 128) for d in HALF for delta in (False, True)
                        for gate_in in (None, *((gd, form) for gd in GATE_DTYPES
                                                for form in (KDA_FORMS if delta else ("log",))))]
@@ -42,12 +44,13 @@ SEQ_COMBINE_CONFIGS = [(K, K, gate, h0, warm) for K in (64, 128) for h0 in (Fals
                        for gate, warm in (("none", False), ("scalar", False), ("matrix", False), ("matrix", True))]
 L2NORM_CONFIGS = [(K, d) for K in L2NORM_DIMS for d in HALF]
 KKT_CONFIGS = [
-    (C, m, d, gate, pair)
+    (C, m, d, gate, pair, None)
     for C, m in KKT_METHODS
     for d in HALF
     for gate in ("none", "scalar", "channel")
     for pair in ((1,) if gate == "channel" else (1, 2))
-]
+] + [(CHUNK, "blocked", d, "scalar", pair, (gd, form)) for d in HALF for pair in (1, 2) for gd in GATE_DTYPES
+     for form in GDN_FORMS]
 
 
 @functools.lru_cache(maxsize=None)

@@ -40,7 +40,7 @@ import tilelang
 import tilelang.language as T
 from tvm.script.ir_builder import IRBuilder
 
-from .common import LOG2E, TILE, channel_score_dtype, gate_tile, locate_tile
+from .common import LOG2E, TILE, channel_score_dtype, floored_log_gate, gate_tile, locate_tile
 
 BLOCK = 16  # diagonal block size of the recursion
 KSTEP = 128  # K columns per GEMM step (one step for K <= 128)
@@ -179,22 +179,50 @@ def tile_inverse(C: int, P: int, method: str):
     return invert
 
 
-def kkt_solve_kernel(chunk: int, method: str, dtype: str, gate: str, pair: int) -> T.PrimFunc:
-    """Build the prim_func for static (chunk, method, dtype, gate, pair); gate "none", "scalar" or "channel" (per
-    key channel: one value head per pass, K <= 128, g the float32 chunk-local cumsum [.., HV, K]). Every size
-    (tokens, heads, K, sequences) is symbolic, so a new T, head count or varlen layout reuses the compiled kernel."""
+def kkt_solve_kernel(chunk: int, method: str, dtype: str, gate: str, pair: int, gate_in: tuple | None = None
+                     ) -> T.PrimFunc:
+    """Build the prim_func for static (chunk, method, dtype, gate, pair, gate_in); gate "none", "scalar" or "channel"
+    (per key channel: one value head per pass, K <= 128, g the float32 chunk-local cumsum [.., HV, K]). gate_in
+    (scalar gate at chunk 64 only): None when g is the float32 chunk-local cumsum, else (g dtype, gate form) of the
+    raw gate [1, T, HV], which the kernel sums itself (chunk_local_cumsum's stage, in the same order: one thread
+    per value head walks the tile's rows) and writes to gc for the state pass, so no cumsum launch runs before it;
+    params [2, HV] its in-kernel gate's (a, b) per value head and gate_scale the factor on the sum (placeholders
+    and 1 otherwise). Every size (tokens, heads, K, sequences) is symbolic, so a new T, head count or varlen
+    layout reuses the compiled kernel."""
     C, P = chunk, pair
     scalar, channel = gate == "scalar", gate == "channel"
     row_blocks = tuple(range(TILE // BLOCK))
     if channel and pair != 1:
         raise ValueError(f"pair: a per-channel gate takes one value head per pass, got {pair}")
+    if gate_in is not None and not (scalar and chunk == TILE):
+        raise ValueError(f"gate_in: kkt_solve sums the scalar gate at chunk {TILE} only, got gate {gate!r} at chunk "
+                         f"{chunk}")
+    g_dtype, form = (ACC, None) if gate_in is None else gate_in
     score_dtype = channel_score_dtype(dtype)
     NB = TILE // BLOCK  # diagonal 16x16 blocks per tile
     num_tokens, H, HV = T.dynamic("num_tokens"), T.dynamic("H"), T.dynamic("HV")  # HV = G * H
     K = T.dynamic("KB") * 64  # K a multiple of 64: column bounds checks are uniform over 16-byte vectors
     num_bounds = T.dynamic("num_bounds")  # N + 1
     g_tokens, g_heads = T.dynamic("g_tokens"), T.dynamic("g_heads")  # (1, 1) dummy when ungated
+    num_params, gc_tokens = T.dynamic("num_params"), T.dynamic("gc_tokens")  # placeholders unless gate_in
     invert = tile_inverse(C, P, method)
+
+    @T.macro
+    def chunk_cumsum(g_s, gc, start, rows, hv0, heads, gate_scale, tx):
+        """g_s[p] <- log2(e) gate_scale x the running sum of g_s[p] over the tile's rows (the chunk-local cumsum:
+        the tile is one chunk), summed in float32 in row order by thread p as chunk_local_cumsum sums a column; the
+        rows before the sequence end of the live value heads p < heads also to gc (unscaled by log2(e))."""
+        if tx < P:
+            acc = T.alloc_var(ACC)
+            acc = 0.0
+            for i in T.unroll(TILE):  # the loads issue ahead of the dependent adds
+                acc += g_s[tx, i]
+                g_s[tx, i] = acc * gate_scale
+        for p, i in T.Parallel(P, TILE):
+            if i < rows and p < heads:
+                gc[0, start + i, hv0 + p] = g_s[p, i]
+        for p, i in T.Parallel(P, TILE):
+            g_s[p, i] = g_s[p, i] * LOG2E
 
     @T.macro
     def scaled(KKs, beta_s, g_s, rows, p, bi, bj, r, c):
@@ -232,10 +260,13 @@ def kkt_solve_kernel(chunk: int, method: str, dtype: str, gate: str, pair: int) 
     def kkt_solve(
         k: T.Tensor((1, num_tokens, H, K), dtype),
         beta: T.Tensor((1, num_tokens, HV), ACC),
-        g: T.Tensor((1, g_tokens, g_heads, K) if channel else (1, g_tokens, g_heads), ACC),
+        g: T.Tensor((1, g_tokens, g_heads, K) if channel else (1, g_tokens, g_heads), g_dtype),
+        params: T.Tensor((2, num_params), ACC),
         cu_seqlens: T.Tensor((num_bounds,), "int32"),
         A: T.Tensor((1, num_tokens, HV, C), dtype),
+        gc: T.Tensor((1, gc_tokens, g_heads) if gate_in else (1,), ACC),
         G: T.int32,
+        gate_scale: T.float32,
         num_slots: T.int32,
         dense_len: T.int32,
         search_steps: T.int32,
@@ -278,8 +309,14 @@ def kkt_solve_kernel(chunk: int, method: str, dtype: str, gate: str, pair: int) 
                     for p, i in T.Parallel(P, TILE):
                         live = (i < rows) and (grp * P + p < G)
                         beta_s[p, i] = T.if_then_else(live, beta[0, start + i, hv0 + p], 0.0)
-                        if scalar:
+                        if scalar and gate_in is None:
                             g_s[p, i] = T.if_then_else(live, g[0, start + i, hv0 + p] * LOG2E, 0.0)
+                        elif scalar:  # the formed, floored gate; summed below
+                            g_s[p, i] = T.if_then_else(live, floored_log_gate(
+                                T.cast(g[0, start + i, hv0 + p], ACC), params[0, T.min(hv0 + p, num_params - 1)],
+                                params[1, T.min(hv0 + p, num_params - 1)], form), 0.0)
+                    if gate_in is not None:
+                        chunk_cumsum(g_s, gc, start, rows, hv0, G - grp * P, gate_scale, tx)
                     if channel:  # k_s is the previous value head's output staging
                         T.copy(k[0, start:start + TILE, hk, 0:KSTEP], k_s)
                         gate_tile(g, start, end, hv0, K, gc_s)

@@ -5,7 +5,9 @@ the builder unchanged; inputs were validated once by tilela.ops.
 The pipeline (`forward`), as named stages over the [B, T, H, D] layout:
     gc = chunk-local cumsum of g                  launch_cumsum      plan.cumsum   (cumsum.py; none where the
                                                                                    per-channel stages sum g)
-    A  = kkt_solve(k, beta, gc)                   launch_kkt         plan.kkt      (kkt_solve.py; delta rule)
+    A  = kkt_solve(k, beta, gc)                   launch_kkt         plan.kkt      (kkt_solve.py; delta rule; with
+                                                                                   a scalar gate it sums gc itself,
+                                                                                   in place of the cumsum stage)
     Qg, Kd, Kg, P, Ab, D = gla_factors(q, k, beta, gc)                plan.factors  (gla_factors.py; per-channel gate
                                                   launch_factors                   on the ws pass: they take the q, k,
                                                                                    kg, P and g slots; with the delta
@@ -129,19 +131,26 @@ def launch_l2norm(key: tuple, x: torch.Tensor, eps: float) -> torch.Tensor:
     return y
 
 
-def launch_kkt(key: tuple, k: torch.Tensor, beta: torch.Tensor, gc: torch.Tensor | None, sched: Schedule
-               ) -> torch.Tensor:
-    """A = (I + strictLower(diag(beta) (Gamma ⊙ K K^T)))^-1 per chunk, [B,T,HV,C] in k's dtype; key (chunk, method,
-    dtype, gate, value heads per pass). gc: the fp32 chunk-local cumsum of the scalar ([B,T,HV]) or per-channel
-    ([B,T,HV,K]) gate, or None."""
+def launch_kkt(key: tuple, k: torch.Tensor, beta: torch.Tensor, g: torch.Tensor | None, sched: Schedule,
+               gate_scale: float | None = None, params: torch.Tensor | None = None):
+    """(A, gc): A = (I + strictLower(diag(beta) (Gamma ⊙ K K^T)))^-1 per chunk, [B,T,HV,C] in k's dtype, and the gate's
+    fp32 chunk-local cumsum gc; key (chunk, method, dtype, gate, value heads per pass, gate_in). gate_in None: g is
+    gc already, the fp32 chunk-local cumsum of the scalar ([B,T,HV]) or per-channel ([B,T,HV,K]) gate, or None
+    (ungated), and is returned as it is. gate_in (g dtype, gate form): g is the raw scalar gate [B,T,HV] of that
+    form (params its (a, b) per value head, gate_scale the factor on the sum), which the kernel sums into the gc it
+    returns."""
     B, Tn, H, K = k.shape
-    HV, chunk = beta.shape[2], key[0]
+    HV, chunk, gate_in = beta.shape[2], key[0], key[5]
     A = torch.empty(B, Tn, HV, chunk, device=k.device, dtype=k.dtype)
+    gc = g if gate_in is None else torch.empty(g.shape, device=g.device, dtype=torch.float32)
     if sched.num_slots == 0:
-        return A
-    g = placeholder(k.device, torch.float32).view(1, 1, 1) if gc is None else flat(gc)
-    compiled(kkt_solve_kernel, *key)(flat(k), flat(beta).float(), g, sched.cu, flat(A), HV // H, *sched.grid)
-    return A
+        return A, gc
+    g_in = placeholder(k.device, torch.float32).view(1, 1, 1) if g is None else flat(g)
+    params, gate_scale = gate_args(k.device, params, gate_scale)
+    gc_out = placeholder(k.device, torch.float32) if gate_in is None else flat(gc)
+    compiled(kkt_solve_kernel, *key)(flat(k), flat(beta).float(), g_in, params, sched.cu, flat(A), gc_out, HV // H,
+                                     gate_scale, *sched.grid)
+    return A, gc
 
 
 def launch_factors(key: tuple, q: torch.Tensor, k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor | None,
@@ -250,8 +259,9 @@ def forward(plan: Plan, q, k, v, g, beta, initial_state=None, cu_seqlens=None, *
     forms Ab itself; tests isolate the state pass with it)."""
     sched = Schedule.of(q, cu_seqlens)
     _check(plan, q, v, g, beta, initial_state, sched)
-    if A is not None and not plan.kkt:
-        raise ValueError(f"A: a plan that runs kkt_solve takes an A of its own; this one has none (delta rule "
+    if A is not None and (not plan.kkt or plan.kkt[5] is not None):
+        raise ValueError(f"A: a plan that runs kkt_solve on the chunk-local cumsum (g_input='cumsum') takes an A of "
+                         f"its own; this one has {'none' if not plan.kkt else 'one that sums the gate'} (delta rule "
                          f"{plan.delta}, gla_factors {plan.factors is not None}), got A {list(A.shape)}")
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     A = None if A is None else A.contiguous()
@@ -260,7 +270,8 @@ def forward(plan: Plan, q, k, v, g, beta, initial_state=None, cu_seqlens=None, *
         g = launch_cumsum(plan.cumsum, g, sched, gate_scale, gate_params) if plan.cumsum else g
     if plan.delta:
         beta = beta.contiguous() if beta.dtype in (torch.float32, q.dtype) else beta.float().contiguous()
-        A = launch_kkt(plan.kkt, k, beta, g, sched) if A is None and plan.kkt else A
+        if A is None and plan.kkt:
+            A, g = launch_kkt(plan.kkt, k, beta, g, sched, gate_scale, gate_params)
     kg = P = None
     if plan.factors:  # the state-independent factors first, in the q, k, g, kg and P slots (chunk_fwd_ws.py)
         q, k, kg, P, A, g = launch_factors(plan.factors, q, k, g, beta, plan.output.scale, sched, gate_params,

@@ -7,9 +7,9 @@ A plan answers, in this order:
   coverage     does the TileLang pipeline serve this call at all (`covers`), else the PyTorch path runs
   gate         "none", "scalar" ([B, T, HV]) or "channel" ([B, T, HV, K], per key channel)
   update rule  the delta rule (beta, kkt_solve's A) or the plain update S += K^T V
-  stages       cumsum of the gate (unless gla_factors sums it in its tiles), kkt_solve (delta rule), gla_factors
-               (per-channel gate on the warp-specialised pass; with the delta rule it forms A too, in place of
-               kkt_solve), then one state/output pass
+  stages       cumsum of the gate (unless a later stage sums it in its tiles), kkt_solve (delta rule; it sums a
+               scalar gate itself), gla_factors (per-channel gate on the warp-specialised pass, summing the gate;
+               with the delta rule it forms A too, in place of kkt_solve), then one state/output pass
   state pass   "ws" (chunk_fwd_ws.py, K = V in {64, 128}) or "loop" (chunk_fwd.py, every configuration); "auto"
                takes ws wherever it covers; its DV block from the cost model below
   split        the sequence split (seq_split.py) where the cost model says it pays: the transitions' pass, the
@@ -343,10 +343,12 @@ class PassConfig:
 class Plan:
     """What one call runs, decided by make_plan. Stage keys are None where the stage does not run.
 
-    cumsum       (chunk, g dtype, gate form) of chunk_local_cumsum on the gate, or None (no gate, or the per-channel
-                 stages sum it); the form is "log" or FLA's in-kernel gate ("softplus", "sigmoid": tilela._gates)
-    kkt          (chunk, method, dtype, gate, value heads per pass) of kkt_solve (delta rule, unless gla_factors
-                 forms A)
+    cumsum       (chunk, g dtype, gate form) of chunk_local_cumsum on the gate, or None (no gate, or a later stage
+                 sums it: kkt_solve the scalar gate with the delta rule, gla_factors the per-channel one); the form
+                 is "log" or FLA's in-kernel gate ("softplus", "sigmoid": tilela._gates)
+    kkt          (chunk, method, dtype, gate, value heads per pass, gate_in) of kkt_solve (delta rule, unless
+                 gla_factors forms A); gate_in (g dtype, gate form) where it sums the raw scalar gate and writes gc
+                 for the state pass, else None
     factors      (K, dtype, gate_in, delta rule: writes Kg and A) of gla_factors (per-channel gate on the
                  warp-specialised pass); gate_in: (g dtype, gate form) where it sums the raw gate in its tiles, None
                  where it reads gc
@@ -382,11 +384,12 @@ class Plan:
         return self.passes[-1]
 
 
-def kkt_key(chunk: int, method: str, dtype: str, gate: str, group: int) -> tuple:
+def kkt_key(chunk: int, method: str, dtype: str, gate: str, group: int, gate_in: tuple | None = None) -> tuple:
     """kkt_solve's compile key: two value heads per pass when the GVA group is even (the forward substitution then
-    keeps all 128 threads busy), one under a per-channel gate (each value head forms its own scores)."""
+    keeps all 128 threads busy), one under a per-channel gate (each value head forms its own scores); gate_in (g
+    dtype, gate form) where it sums the raw scalar gate itself, None where it reads gc."""
     pair = 2 if group % 2 == 0 and gate != "channel" else 1
-    return (chunk, method, dtype, gate, pair)
+    return (chunk, method, dtype, gate, pair, gate_in)
 
 
 def make_plan(*, lengths, **facts) -> Plan:
@@ -452,11 +455,14 @@ def _plan(*, dtype: str, beta_dtype: str | None, gate_dtype: str | None, gate: s
         raise ValueError(f"gate_form: {gate_form!r} forms the log gate from g, which this plan has not (gate "
                          f"{gate!r}, g_input {g_input!r})")
     # before the ws pass, gla_factors sums the per-channel raw gate in its tiles and, with the delta rule, forms A
-    # from its own score operands; the loop pass reads gc, so the cumsum stage makes it there, and kkt_solve A
+    # from its own score operands; the loop pass reads gc, so the cumsum stage makes it there, and kkt_solve A. With
+    # the delta rule kkt_solve sums a scalar gate itself and writes gc for the state pass
     gate_in = (gate_dtype, gate_form) if g_input == "raw" else None
     factors = (K, dtype, gate_in, delta) if ws and gate == "channel" else None
-    cumsum = None if gate == "none" or g_input == "cumsum" or factors else (CHUNK, gate_dtype, gate_form)
-    kkt = kkt_key(CHUNK, "blocked", dtype, gate, HV // H) if delta and not factors else None
+    fused = delta and gate == "scalar" and gate_in is not None
+    cumsum = None if gate == "none" or g_input == "cumsum" or factors or fused else (CHUNK, gate_dtype, gate_form)
+    kkt = kkt_key(CHUNK, "blocked", dtype, gate, HV // H, gate_in if fused else None) if delta and not factors \
+        else None
     rule = update_rule(gate, delta)
 
     def state_pass(V_pass, chains, varlen_pass, h0, ht, store_output, block=None, warmup=False):
