@@ -147,8 +147,9 @@ def test_seq_combine_matches_entering_states(gate, with_h0):
 @pytest.mark.parametrize("K", [64, 128])
 @pytest.mark.parametrize("with_h0,with_warm", [(False, False), (True, False), (True, True)])
 def test_matrix_combine_matches_transition_entering_states(K, with_h0, with_warm):
-    """The delta rule's combine kernel (hopper/seq_combine.py, "matrix") against its float64 stage: 40 segments in
-    one sequence, an empty and a one-token sequence, transitions of norm about 1 (as a segment's M with the delta
+    """The delta rule's combine (hopper/seq_combine.py's "matrix" kernel over the sequences cut into segments, 40
+    and 6 of them, and the copy of the initial states of the others, an empty and a one-token sequence) against its
+    float64 stage: transitions of norm about 1 (as a segment's M with the delta
     rule: contractions but for g = 0 heads); under a warm-up table, the (sequence, head)s it warms up get their
     first segment's row alone (the reference's other rows are NaN and not compared)."""
     from tilela.kernels.hopper.launch import launch_combine
@@ -168,7 +169,7 @@ def test_matrix_combine_matches_transition_entering_states(K, with_h0, with_warm
     if with_warm:  # head 1 warms up in every sequence, the others take the transitions
         warm = torch.full((2, plan.num_segments, HV), -1, dtype=torch.int32)
         warm[0, :, 1] = 2
-    S_in = launch_combine((K, K, "matrix", with_h0, with_warm), BM.cuda(), table.first,
+    S_in = launch_combine((K, K, "matrix", with_h0, with_warm), BM.cuda(), table,
                           None if h0 is None else h0.cuda(), None if warm is None else warm.cuda())
     ref = reference.transition_entering_states(BM, table.first.cpu(), h0, warm)
     read = ~ref.isnan().any(-1).any(-1)  # the rows the outputs pass reads

@@ -26,7 +26,9 @@ def test_segment_table_cuts_each_sequence_at_chunk_multiples():
     expected = ([0, 128, 256, 300, 301, 301, 429, 431, 495],
                 [0, 3, 4, 5, 7, 8],  # each sequence's first segment (and the count at the end)
                 [2, 3, 4, 6, 7],  # each sequence's last segment
-                [0, 1, 5, 7, 2, 6, 3, 4])  # longest first: 128 tokens (in segment order), 64, 44, 2, 1, 0
+                [0, 1, 5, 7, 2, 6, 3, 4],  # longest first: 128 tokens (in segment order), 64, 44, 2, 1, 0
+                [0, 3],  # the sequences cut into more than one segment
+                [1, 2, 4], [3, 4, 7])  # the others, and their segments
     assert host_table(plan) == expected
     table = segment_table(plan, torch.device("cpu"))
     assert [t.tolist() for t in table] == list(expected)
@@ -56,7 +58,7 @@ def test_segment_plan_rejects_empty_segments():
     ([8192], 4, "scalar", True, 16),
     ([2048], 8, "scalar", True, None),
     ([28672, 4096], 8, "scalar", True, 64),
-    ([16384] + [128] * 63, 16, "scalar", True, 43),  # the combine over the one long sequence alone
+    ([16384] + [128] * 63, 16, "scalar", True, None),  # the long chain first; with g = 0 heads the split loses
     ([1024] * 8, 8, "scalar", True, None),
 ])
 def test_auto_split_splits_only_long_sequences_on_small_grids(lengths, heads, gate, delta, segment_chunks):
@@ -143,6 +145,11 @@ def _extending(state_pass):
     return transitions
 
 
+def _delta_combine(BM, table, h0, warm):
+    """The delta rule's combine as split_forward calls it, on its float64 stage."""
+    return reference.transition_entering_states(BM, table.first, h0, warm)
+
+
 def _stand_in(g_raw, scale):
     """A float64 state pass with the contract split_forward drives (varlen layout): reference layer B over the
     segments, from the raw gate (segments start at chunk boundaries, so its chunk-local cumsum is the one given)."""
@@ -170,7 +177,7 @@ def test_split_forward_matches_unsplit(gate, delta, segment_chunks, layout):
         A = None if p["beta"] is None else torch.zeros(*p["v"].shape[:3], 64, dtype=F64)
         state_pass = _stand_in(p["g"], 8 ** -0.5)
         transitions = _extending(state_pass) if delta else state_pass
-        combine = reference.transition_entering_states if delta else reference.entering_states
+        combine = _delta_combine if delta else reference.entering_states
         o, S = split_forward(transitions, state_pass, combine, p["q"], p["k"], p["v"], gc, p["beta"], A, h0, True,
                              plan)
         if h0 is None:
@@ -234,7 +241,7 @@ def test_split_forward_with_warmup_matches_unsplit(segment_chunks):
 
     for h0 in (p["initial_state"], None):
         o_ref, S_ref = reference.chunked(**dict(p, initial_state=h0), scale=scale)
-        o, S = split_forward(transitions, outputs, reference.transition_entering_states, p["q"], p["k"], p["v"], gc,
+        o, S = split_forward(transitions, outputs, _delta_combine, p["q"], p["k"], p["v"], gc,
                              p["beta"], A, h0, True, plan,
                              warmup)
         torch.testing.assert_close(o, o_ref, rtol=0, atol=1e-6)
@@ -262,7 +269,7 @@ def test_split_with_warmup_does_not_depend_on_the_head_sharding():
         def outputs(q, k, v, g_cumsum, beta, A, h0, cu, order, warm):
             return reference.warmup_outputs(q, k, v, g_raw, beta, scale, h0, cu, warm)
 
-        return split_forward(_extending(_stand_in(x["g"], scale)), outputs, reference.transition_entering_states,
+        return split_forward(_extending(_stand_in(x["g"], scale)), outputs, _delta_combine,
                              x["q"], x["k"], x["v"],
                              gc[:, :, heads], x["beta"], A[:, :, heads], h0, True,
                              SegmentPlan.of(lengths, segment_chunks), reference.warmup_table)

@@ -214,14 +214,22 @@ def launch_combine(key: tuple, B_seg, *args):
     Plain update, launch_combine(key, B_seg, gc, cu_segments, first, h0): (S_in [S, HV, K, V], final [N, HV, K, V])
     fp32 from the transitions' states B_seg, the scalar gate's chunk-local cumsum gc [1, T, HV] (or None), the
     segment table's cu_segments and first, and h0 [N, HV, K, V] (or None).
-    Delta rule (transition "matrix"), launch_combine(key, BM, first, h0, warm): S_in [S, HV, K, V] fp32 from the
-    transitions' [B | M] [S, HV, K, V + K], first, h0 (or None) and the warm-up table (or None)."""
+    Delta rule (transition "matrix"), launch_combine(key, BM, table, h0, warm): S_in [S, HV, K, V] fp32 from the
+    transitions' [B | M] [S, HV, K, V + K], the SegmentTable (the kernel over its split sequences; the others'
+    rows, their initial states, copied), h0 (or None) and the warm-up table (or None)."""
     kernel = compiled(seq_combine_kernel, *key)
     if key[2] == "matrix":
-        first, h0, warm = args
+        table, h0, warm = args
         S_in = B_seg.new_empty(*B_seg.shape[:3], key[1])
-        warm = placeholder(B_seg.device, torch.int32) if warm is None else warm
-        kernel(B_seg, first, S_in if h0 is None else h0, warm, S_in)
+        if table.split.numel():
+            warm = placeholder(B_seg.device, torch.int32) if warm is None else warm
+            kernel(B_seg, table.first, table.split, S_in if h0 is None else h0, warm, S_in)
+        if table.singles.numel():
+            rows = table.single_rows.long()
+            if h0 is None:
+                S_in.index_fill_(0, rows, 0.0)
+            else:
+                S_in.index_copy_(0, rows, h0[table.singles.long()])
         return S_in
     gc, cu_segments, first, h0 = args
     S_in = torch.empty_like(B_seg)

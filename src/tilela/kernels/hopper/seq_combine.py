@@ -23,9 +23,11 @@ delta rule (transition "matrix"): the transitions' pass gives [B_j | M_j] (K x (
     S_in(j + 1)    = M_j S_in(j) + B_j                       in fp32 on the CUDA cores (exact to its rounding)
 
 Under GDN's warm-up a (sequence, head) the table warms up (warm[0] >= 0 at its first segment) needs its first
-segment's row alone: its CTAs stop there. Grid (V / COLUMNS, N, HV), K threads: thread r owns row r of COLUMNS
-columns of the state; per step the CTA stages M_j in shared memory (rows padded by one float, so the threads'
-rows fall in distinct banks) and the state's columns, and a thread forms its row's COLUMNS sums over K.
+segment's row alone: its CTAs stop there. Grid (V / COLUMNS, M, HV) over the M sequences cut into more than one
+segment (the segment table's split; a sequence in one segment is its initial state, which the launcher copies),
+K threads: thread r owns row r of COLUMNS columns of the state; per step the CTA stages M_j in shared memory (rows
+padded by one float, so the threads' rows fall in distinct banks) and the state's columns, and a thread forms its
+row's COLUMNS sums over K.
 """
 
 import tilelang.language as T
@@ -112,18 +114,20 @@ def _matrix_combine(K: int, V: int, use_initial_state: bool, warmup: bool) -> T.
     """The delta rule's combine (module docstring): S_in [S, HV, K, V] from [B | M] [S, HV, K, V + K]."""
     if V % COLUMNS:
         raise ValueError(f"V: a multiple of {COLUMNS}, got {V}")
-    S, N1, N0, HV, NW = T.dynamic("S, N1, N0, HV, NW")
+    S, N1, N0, HV, NW, M = T.dynamic("S, N1, N0, HV, NW, M")
     accum = "float32"
 
     @T.prim_func
     def matrix_combine(
         BM: T.Tensor((S, HV, K, V + K), accum),
         first: T.Tensor((N1,), "int32"),
+        split: T.Tensor((M,), "int32"),
         h0: T.Tensor((N0, HV, K, V), accum),
         warm: T.Tensor((2, NW, HV) if warmup else (1,), "int32"),
         S_in: T.Tensor((S, HV, K, V), accum),
     ):
-        with T.Kernel(V // COLUMNS, N1 - 1, HV, threads=K) as (bv, bn, bh):
+        with T.Kernel(V // COLUMNS, M, HV, threads=K) as (bv, bm, bh):
+            bn = split[bm]
             c0 = bv * COLUMNS
             M_s = T.alloc_shared((K, K + 1), accum)
             S_s = T.alloc_shared((K, COLUMNS), accum)

@@ -45,12 +45,17 @@ from .plan import CHUNK, SegmentPlan, segment_count
 class SegmentTable(NamedTuple):
     """A plan's segments as index tensors (int32): cu_segments [S + 1] the segments' token boundaries (the passes'
     varlen layout); first [N + 1]: sequence n's segments are first[n] to first[n + 1] - 1; last [N]: each
-    sequence's last segment; order [S]: the segments longest first, stably (the passes' launch order)."""
+    sequence's last segment; order [S]: the segments longest first, stably (the passes' launch order); split [M]:
+    the sequences cut into more than one segment (the delta rule's combine runs over them); singles [N - M]: the
+    others, single_rows [N - M]: their segments."""
 
     cu_segments: torch.Tensor
     first: torch.Tensor
     last: torch.Tensor
     order: torch.Tensor
+    split: torch.Tensor
+    singles: torch.Tensor
+    single_rows: torch.Tensor
 
 
 def host_table(plan: SegmentPlan) -> tuple[list[int], ...]:
@@ -63,7 +68,9 @@ def host_table(plan: SegmentPlan) -> tuple[list[int], ...]:
         bos += length
     cu = starts + [bos]
     order = sorted(range(len(starts)), key=lambda s: cu[s] - cu[s + 1])
-    return cu, first, [n - 1 for n in first[1:]], order
+    split = [n for n in range(len(plan.lengths)) if first[n + 1] - first[n] > 1]
+    singles = [n for n in range(len(plan.lengths)) if first[n + 1] - first[n] == 1]
+    return cu, first, [n - 1 for n in first[1:]], order, split, singles, [first[n] for n in singles]
 
 
 def _flat_table(plan: SegmentPlan) -> list[int]:
@@ -73,8 +80,8 @@ def _flat_table(plan: SegmentPlan) -> list[int]:
 def segment_table(plan: SegmentPlan, device: torch.device) -> SegmentTable:
     """The plan's SegmentTable on the device, in one table of host_tables (one non-blocking copy on a GPU, none
     when the plan's table is there already)."""
-    S, N = plan.num_segments, len(plan.lengths)
-    return SegmentTable(*device_table(_flat_table, plan, device).split([S + 1, N + 1, N, S]))
+    S, N, M = plan.num_segments, len(plan.lengths), plan.num_split
+    return SegmentTable(*device_table(_flat_table, plan, device).split([S + 1, N + 1, N, S, M, N - M, N - M]))
 
 
 def split_forward(transitions, outputs, combine, q, k, v, g, beta, A, initial_state, output_final_state,
@@ -90,9 +97,9 @@ def split_forward(transitions, outputs, combine, q, k, v, g, beta, A, initial_st
     the value [v | 0], which the pass forms itself: h0 None, final states K x (V + K)), outputs store o (and, with
     the delta rule, the final states when asked for). combine: step 2 (launch.launch_combine on the GPU, the
     reference's elsewhere): under the plain update combine(B, g, cu_segments, first, h0) -> (S_in, final)
-    (reference.entering_states), with the delta rule combine(BM, first, h0, warm) -> S_in
-    (reference.transition_entering_states). warmup(g, cu_segments, first, max_chunks) -> table: the delta rule's
-    warm-up table (launch.launch_warmup on the GPU, reference.warmup_table elsewhere; max_chunks the segment's
+    (reference.entering_states), with the delta rule combine(BM, table, h0, warm) -> S_in, table the SegmentTable
+    (reference.transition_entering_states on table.first). warmup(g, cu_segments, first, max_chunks) -> table: the
+    delta rule's warm-up table (launch.launch_warmup on the GPU, reference.warmup_table elsewhere; max_chunks the segment's
     chunks), which the delta rule's transitions, combine and outputs then take, warm; None: no warm-up.
 
     Plain update: the transitions from a zero state give B, the combine S_in and the final states. Delta rule: the
@@ -112,7 +119,7 @@ def split_forward(transitions, outputs, combine, q, k, v, g, beta, A, initial_st
     warm = None if warmup is None else warmup(g1, table.cu_segments, table.first, split.segment_chunks)
     extra = () if warm is None else (warm,)
     _, BM = transitions(q1, k1, v1, g1, beta1, A1, None, table.cu_segments, table.order, *extra)
-    S_in = combine(BM, table.first, initial_state, warm)
+    S_in = combine(BM, table, initial_state, warm)
     o, ht = outputs(q1, k1, v1, g1, beta1, A1, S_in, table.cu_segments, table.order, *extra)
     # one sequence (a long-context call): its last segment's state is the last row, no gather
     final = None if not output_final_state else ht[-1:] if len(split.lengths) == 1 else ht[table.last.long()]
