@@ -297,9 +297,10 @@ def chunk_fwd_ws_kernel(
     formed here: the DV blocks past column K load v's columns past its end, which TMA fills with zeros, and their
     state starts from the identity), gate kind (GATES), update rule and DV block (dv_blocks(K); below K for the
     per-channel delta rule at K = 128).  Batch, length, head counts and the varlen layout are dynamic.
-    Grid: (V // block_DV, HV, N sequences in the launch order), 512 threads.  Inputs absent for a configuration (g without a gate; beta
-    and A for the plain update) are one-element placeholders.  store_output=False drops the output group (its
-    warps idle, o is not written): the state pass alone, as the sequence split's transitions need it.
+    Grid: (V // block_DV, HV, N sequences in the launch order), 512 threads.  Inputs absent for a configuration (g
+    without a gate; beta and A for the plain update) are one-element placeholders.  store_output=False drops the
+    output group (its warps idle, o is not written): the state pass alone, as the sequence split's transitions need
+    it.
     warmup (varlen, the sequence split's passes with the warm-up table in warm, hopper/warmup.py): with output, a
     segment's CTA starts warm[0] chunks before it (none where -1) from h0[warm[1]] (zero where -1) and stores o
     from the segment's first row; without output, a CTA whose warm[0] is not -1 runs no chunk (its entering state

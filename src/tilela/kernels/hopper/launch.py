@@ -185,8 +185,8 @@ def launch_state_pass(cfg, q, k, v, g, beta, A, h0, cu, N, kg=None, P=None, warm
     """One state/output launch of PassConfig cfg over N sequences: (o like v, final state [N, HV, K, V] fp32 or
     None). Inputs a configuration does not read (g without a gate; beta and A for the plain update; kg and P but
     after gla_factors, beta after gla_factors' Ab; warm but under the split's warm-up) and h0 without an initial
-    state are placeholders, as is order (the sequences' launch order, int32 [N]) for the batch order; o is allocated (the launch contract fixes its shape) but, without the output group, not
-    written."""
+    state are placeholders, as is order (the sequences' launch order, int32 [N]) for the batch order; o is allocated
+    (the launch contract fixes its shape) but, without the output group, not written."""
     HV = v.shape[2]
     dev = v.device
     o = torch.empty_like(v)
@@ -229,7 +229,7 @@ def launch_combine(key: tuple, B_seg, *args):
             if h0 is None:
                 S_in.index_fill_(0, rows, 0.0)
             else:
-                S_in.index_copy_(0, rows, h0[table.singles.long()])
+                S_in.index_copy_(0, rows, h0.index_select(0, table.singles))
         return S_in
     gc, cu_segments, first, h0 = args
     S_in = torch.empty_like(B_seg)

@@ -20,10 +20,10 @@ Each stage's static configuration is its compile key; the launchers pass it to t
 Cost model. A state pass is bound by each CTA's serial chain of chunks with one CTA per SM, so a launch takes about
 waves x chunks x the chunk period of its (update rule, K / DV block, output group on); over chains of unequal length
 (a skewed varlen batch, the split's segments), which launch longest first (launch_order, the segment table's
-order), the longest chains' waves or the whole work spread over the SMs, whichever is more (chains_us). The periods (CHUNK_US, in us at K = 128 on the H200; K = 64 takes those of the same
-K / DV block) and the split's fixed and per-step costs are data fitted to H200 measurements; each table names the
-section of benchmarks/NOTES.md it comes from. The split's combine products and copy are counted from their FLOPs
-and bytes.
+order), the longest chains' waves or the whole work spread over the SMs, whichever is more (chains_us). The
+periods (CHUNK_US, in us at K = 128 on the H200; K = 64 takes those of the same K / DV block) and the split's fixed
+and per-step costs are data fitted to H200 measurements; each table names the section of benchmarks/NOTES.md it
+comes from. The split's combine products and state copies are counted from their FLOPs and bytes.
 
 Glossary: "plain" the plain update without a scalar gate (the state adds K^T V straight from the input slots), "vd"
 the plain update through a written Vd = exp(gc_last - gc) ⊙ V (scalar gate), "gdn" the gated delta rule, "kda" the

@@ -34,6 +34,7 @@ on the GPU, reference.entering_states and reference.transition_entering_states e
 leaves o unwritten. The split's cost model and the SegmentPlan live in plan.py.
 """
 
+import weakref
 from typing import NamedTuple
 
 import torch
@@ -77,11 +78,18 @@ def _flat_table(plan: SegmentPlan) -> list[int]:
     return sum(host_table(plan), [])
 
 
+_VIEWS: "weakref.WeakKeyDictionary[torch.Tensor, SegmentTable]" = weakref.WeakKeyDictionary()
+
+
 def segment_table(plan: SegmentPlan, device: torch.device) -> SegmentTable:
     """The plan's SegmentTable on the device, in one table of host_tables (one non-blocking copy on a GPU, none
-    when the plan's table is there already)."""
-    S, N, M = plan.num_segments, len(plan.lengths), plan.num_split
-    return SegmentTable(*device_table(_flat_table, plan, device).split([S + 1, N + 1, N, S, M, N - M, N - M]))
+    when the plan's table is there already), viewed once per table."""
+    flat = device_table(_flat_table, plan, device)
+    table = _VIEWS.get(flat)
+    if table is None:
+        S, N, M = plan.num_segments, len(plan.lengths), plan.num_split
+        table = _VIEWS[flat] = SegmentTable(*flat.split([S + 1, N + 1, N, S, M, N - M, N - M]))
+    return table
 
 
 def split_forward(transitions, outputs, combine, q, k, v, g, beta, A, initial_state, output_final_state,
@@ -99,8 +107,8 @@ def split_forward(transitions, outputs, combine, q, k, v, g, beta, A, initial_st
     reference's elsewhere): under the plain update combine(B, g, cu_segments, first, h0) -> (S_in, final)
     (reference.entering_states), with the delta rule combine(BM, table, h0, warm) -> S_in, table the SegmentTable
     (reference.transition_entering_states on table.first). warmup(g, cu_segments, first, max_chunks) -> table: the
-    delta rule's warm-up table (launch.launch_warmup on the GPU, reference.warmup_table elsewhere; max_chunks the segment's
-    chunks), which the delta rule's transitions, combine and outputs then take, warm; None: no warm-up.
+    delta rule's warm-up table (launch.launch_warmup on the GPU, reference.warmup_table elsewhere; max_chunks the
+    segment's chunks), which the delta rule's transitions, combine and outputs then take, warm; None: no warm-up.
 
     Plain update: the transitions from a zero state give B, the combine S_in and the final states. Delta rule: the
     transitions on [V | 0] from [0 | I] give [B | M], the combine S_in per segment (serial over a sequence's
@@ -122,5 +130,5 @@ def split_forward(transitions, outputs, combine, q, k, v, g, beta, A, initial_st
     S_in = combine(BM, table, initial_state, warm)
     o, ht = outputs(q1, k1, v1, g1, beta1, A1, S_in, table.cu_segments, table.order, *extra)
     # one sequence (a long-context call): its last segment's state is the last row, no gather
-    final = None if not output_final_state else ht[-1:] if len(split.lengths) == 1 else ht[table.last.long()]
+    final = None if not output_final_state else ht[-1:] if len(split.lengths) == 1 else ht.index_select(0, table.last)
     return o.view(B, Tn, HV, V), final
