@@ -79,7 +79,8 @@ COMBINE_STEP_MS = {True: 0.005, False: 0.0005}
 COMBINE_FP32_FLOPS = 30e12
 # The delta rule's split moves whole states besides: the initial states of the sequences left in one segment into
 # the entering states, and every sequence's final state out of its last segment's (a gather); both at this rate
-# (bytes read and written per second), fitted to the skewed batch's 33 us gather of 134 MB ("eighteenth session").
+# (bytes read and written per second), fitted to the skewed batch's 33 us gather of 134 MB ("longest chains first,
+# kkt_solve sums GDN's gate, the combine over split sequences").
 STATE_COPY_BYTES_PER_S = 4.0e12
 SEGMENT_CHUNKS = (8, 16, 32, 64, 128, 256)
 # Segments per sequence of the wave-sized candidates: the longest sequence cut into this many equal segments.
@@ -93,7 +94,8 @@ MIXED_UNBOUNDED = 0.25
 # The warm-up split must model the two regimes' geometric mean (every head decaying; MIXED_UNBOUNDED through the
 # transitions) at most this share of the unsplit pass: the model's split times run about 15% under the measured
 # ones (1x32768 h16/32 with a quarter of the heads at g = 0: 0.94 of the unsplit time modelled, 1.11 measured;
-# the skewed batch of the "eighteenth session" in benchmarks/NOTES.md).
+# the skewed batch under "longest chains first, kkt_solve sums GDN's gate, the combine over split sequences" in
+# benchmarks/NOTES.md).
 MIXED_MARGIN = 0.85
 # The split must beat the unsplit pass's modelled time by this factor: it covers the transitions' longer chunk period
 # when they fill the GPU several waves deep (shared bandwidth), which the model leaves out.
