@@ -108,12 +108,15 @@ WILD = [(op, K, dtype) for op in ("kda", "gla") for K, dtype in ((128, torch.bfl
 
 @pytest.mark.parametrize("op,K,dtype", WILD, ids=[f"{o}-K{K}-{str(d)[6:]}" for o, K, d in WILD])
 def test_wild_gates_on_the_kernels(kernels_only, op, K, dtype):
-    """Gates far past any bound, on the kernels (gla_factors' wild channels, which decay by more than e^-80 over a
+    """Gates far past any bound, on the kernels (gla_factors' wild channels, which decay by more than e^-160 over a
     chunk): channels decaying by e^-30 on every token, single tokens at -200 at a 16-row block's first row, inside
-    one and at a tile's last row, a -1e4 token (a reset), beside channels at 0 and the -5 bound; odd varlen."""
+    one and at a tile's last row, a -1e4 token (a reset), beside channels at 0 and the -5 bound, and either side of
+    the calm limit (-2.45 per token: e^-157 over a whole tile, its factors near e^+-78; -2.55: e^-163); odd varlen."""
     x = make((1, 130, 64, 7, 300), 1, 2, 4, K, dtype, seed=11)
     g = x["g"]
     g[..., K // 2: K // 2 + 8] = -30.0
+    g[..., K // 2 + 8: K // 2 + 12] = -2.45
+    g[..., K // 2 + 12: K // 2 + 16] = -2.55
     last = 202  # the 300-token sequence's first token
     for t, d in ((16, -1), (37, -2), (63, -3), (64 * 3 + 5, -4), (80, -5)):
         g[0, last + t, :, d] = -200.0

@@ -504,7 +504,7 @@ def chunk_gla(
     log gate, <= 0 (a decay).
 
     On Hopper a 64-token chunk's intra-chunk scores come from one product over the key channels that decay by at
-    most e^-80 over it, and term by term over the others: exact for any gate. The kernels read the gate in its own
+    most e^-160 over it, and term by term over the others: exact for any gate. The kernels read the gate in its own
     dtype and sum it in their tiles."""
     V.check_flag("state_v_first", state_v_first)
     return _state_out(_attention(q, k, v, g, "channel", None, False, scale, _state_in(initial_state, state_v_first),

@@ -26,11 +26,12 @@ reads, then their writes), so the CTA holds three 64 x K operand tiles and the i
 for bf16.
 
 The scores exp(gc_i - gc_j) (q_i . k_j) and (k_i . k_j), split by key channel, decided per tile:
-  - calm channels, which decay by at most e^-80 over the tile (gc_last >= -80): one product each of the query
-    operand (Q ⊙ exp gc) and of the key rows' operand (K ⊙ exp gc) with the key operand (K ⊙ exp(-gc)), whose
-    factors stay below e^80 (within the fp32/bf16 exponent range), over the calm channels (the operands hold 0 in
-    the wild ones);
-  - wild channels (gc_last < -80): term by term, exp(gc_i - gc_j) <= 1 formed on its own for every causal pair,
+  - calm channels, which decay by at most e^-160 over the tile (gc_last >= -160): one product each of the query
+    operand (Q ⊙ exp(gc - r)) and of the key rows' operand (K ⊙ exp(gc - r)) with the key operand
+    (K ⊙ exp(r - gc)), around the channel's reference point r = gc_last / 2, so every factor stays within
+    [e^-80, e^80] (the fp32/bf16 exponent range) and a causal pair's product is exp(gc_i - gc_j) <= 1; over the
+    calm channels (the operands hold 0 in the wild ones);
+  - wild channels (gc_last < -160): term by term, exp(gc_i - gc_j) <= 1 formed on its own for every causal pair,
     added onto the products' accumulators, NWB channels at a time (their gc, q and k staged in shared memory; the
     set is uniform over the CTA, from a ballot of every warp's lanes, which cover all channels).
 So the scores are exact for any gate; a gate that leaves every channel calm (e.g. FLA's bounded form) costs one
@@ -50,7 +51,7 @@ from .kkt_solve import BLOCK, inverse_buffers, tile_inverse
 THREADS = 128
 VEC = 4  # key channels of a thread (one 8-byte bf16 access a row)
 SUB = 4  # rows of a run landed in registers at once
-DECAY_LIMIT = 80.0  # a channel is calm (in the products) while it decays by at most e^-80 over the tile
+FACTOR_LIMIT = 80.0  # a calm channel's operand factors stay within e^+-80: it decays by at most e^-160 over the tile
 NWB = 8  # wild channels staged at a time
 
 
@@ -140,12 +141,12 @@ def gla_factors_kernel(K: int, dtype: str, gate_in: tuple | None, delta: bool = 
             dst[0, start + row, hv, d0 + v] = x[v]
 
     @T.macro
-    def form_rows(Q_s, Kr_s, Kq_s, gl, last, wild, qv, kv, xq, xr, xk, xg, xd, xh, r0, d0, start, rows, hv, Qg, Kd,
-                  Kg):
+    def form_rows(Q_s, Kr_s, Kq_s, gl, last, half, wild, qv, kv, xq, xr, xk, xg, xd, xh, r0, d0, start, rows, hv, Qg,
+                  Kd, Kg):
         """The thread's rows r0 + [0, run) and channels d0 + [0, VEC), SUB rows at a time: Qg, Kd, Kg (delta rule)
         to global memory (rows before the sequence end), and in place of the landed q and k the scores' operands:
-        the query operand Q ⊙ exp(gc), the key operand K ⊙ exp(-gc) and the key rows' operand K ⊙ exp(gc), 0 in a
-        wild channel (select: its exp(-gc) may be inf)."""
+        the query operand Q ⊙ exp(gc - r), the key operand K ⊙ exp(r - gc) and the key rows' operand
+        K ⊙ exp(gc - r), r = gc_last / 2 (log2(e) r: half), 0 in a wild channel (select: its factors may be inf)."""
         for sb in T.unroll(run // SUB):
             land_rows(Q_s, Kr_s, r0 + sb * SUB, d0, qv, kv)
             for i in T.unroll(SUB):
@@ -155,9 +156,9 @@ def gla_factors_kernel(K: int, dtype: str, gate_in: tuple | None, delta: bool = 
                     xg[v] = qv[i, v] * T.exp2(e)
                     xd[v] = kv[i, v] * T.exp2(last[v] - e)
                     xh[v] = kv[i, v] * T.exp2(e)
-                    xq[v] = T.if_then_else(wild[v] != 0, 0.0, qv[i, v] * T.exp2(e))
-                    xr[v] = T.if_then_else(wild[v] != 0, 0.0, kv[i, v] * T.exp2(-e))
-                    xk[v] = T.if_then_else(wild[v] != 0, 0.0, kv[i, v] * T.exp2(e))
+                    xq[v] = T.if_then_else(wild[v] != 0, 0.0, qv[i, v] * T.exp2(e - half[v]))
+                    xr[v] = T.if_then_else(wild[v] != 0, 0.0, kv[i, v] * T.exp2(half[v] - e))
+                    xk[v] = T.if_then_else(wild[v] != 0, 0.0, kv[i, v] * T.exp2(e - half[v]))
                 for v in T.vectorized(VEC):
                     Q_s[row, d0 + v] = xq[v]
                 for v in T.vectorized(VEC):
@@ -214,7 +215,8 @@ def gla_factors_kernel(K: int, dtype: str, gate_in: tuple | None, delta: bool = 
                 Qw_s = T.alloc_shared((NWB, C), accum)  # the wild channels' q and k
                 Kw_s = T.alloc_shared((NWB, C), accum)
                 gl = T.alloc_local((run, VEC), accum)  # log2(e) gc of the thread's rows and channels
-                last = T.alloc_local((VEC,), accum)  # log2(e) gc_last of the thread's channels
+                last = T.alloc_local((VEC,), accum)  # log2(e) gc_last of the thread's channels, and half of it
+                half = T.alloc_local((VEC,), accum)
                 wild = T.alloc_local((VEC,), "int32")  # whether each of them is wild; its index among the wild
                 slots = T.alloc_local((VEC,), "int32")
                 masks = T.alloc_local((VEC,), "uint32")  # the wild channels d0 + v over the lanes owning d0
@@ -253,13 +255,14 @@ def gla_factors_kernel(K: int, dtype: str, gate_in: tuple | None, delta: bool = 
                 # the wild channels: lane l < K / VEC of every warp owns channels VEC l + [0, VEC)
                 lane = tx % (K // VEC)
                 for v in T.unroll(VEC):
-                    wild[v] = T.if_then_else(last[v] < -DECAY_LIMIT * LOG2E, 1, 0)
+                    half[v] = last[v] * 0.5
+                    wild[v] = T.if_then_else(last[v] < -2 * FACTOR_LIMIT * LOG2E, 1, 0)
                     masks[v] = T.cast(T.ballot(wild[v]), "uint32") & T.uint32((1 << (K // VEC)) - 1)
                 num_wild = 0
                 for v in T.unroll(VEC):
                     slots[v] = num_wild + T.popcount(masks[v] & ((T.uint32(1) << T.cast(lane, "uint32")) - 1))
                     num_wild = num_wild + T.popcount(masks[v])
-                form_rows(Q_s, Kr_s, Kq_s, gl, last, wild, qv, kv, xq, xr, xk, xg, xd, xh, r0, d0, start, rows, hv,
+                form_rows(Q_s, Kr_s, Kq_s, gl, last, half, wild, qv, kv, xq, xr, xk, xg, xd, xh, r0, d0, start, rows, hv,
                           Qg, Kd, Kg)
                 T.gemm(Q_s, Kr_s, P_f, transpose_B=True, clear_accum=True)
                 if delta:

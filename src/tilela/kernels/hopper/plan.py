@@ -287,7 +287,7 @@ def covers(dtype: str, K: int, V: int, gate: str, delta: bool) -> bool:
     """Whether the TileLang pipeline serves a call: bf16/fp16, K = V in {64, 128, 256}; the per-channel gate only up
     to K = 128 (gla_factors: one thread per key channel; the loop pass's fp32 gate tile in shared memory). Every
     gate, any decay: the warp-specialised pipeline's per-channel scores are exact for any gate (gla_factors forms
-    the scores of a key channel that decays by more than e^-80 over a chunk term by term)."""
+    the scores of a key channel that decays by more than e^-160 over a chunk term by term)."""
     return dtype in HALF and K == V and K in (64, 128, 256) and (gate != "channel" or K <= 128)
 
 
