@@ -118,12 +118,19 @@ def gate_column(g, params, scale, start, end, hv, width, gl, part_s, form):
         for i in T.unroll(run):
             for v in T.vectorized(vec):
                 gl[i, v] = T.if_then_else(start + r0 + i < end, T.cast(g[0, start + r0 + i, hv, d0 + v], "float32"), 0.0)
-        for i in T.unroll(run):  # formed on every row (rows past the end hold g = 0), no branch between them
+        # rows past the end add 0: they keep the last row's sum. The softplus form's long chain is formed on every
+        # row (those rows hold g = 0) and masked after, so that the rows interleave (a guard per row serialises them)
+        for i in T.unroll(run):
             for v in T.unroll(vec):
-                gl[i, v] = floored_log_gate(gl[i, v], ab[0, v], ab[1, v], form)
-        for i in T.unroll(run):  # rows past the end add 0: they keep the last row's sum
-            for v in T.unroll(vec):
-                gl[i, v] = T.if_then_else(start + r0 + i < end, gl[i, v], 0.0)
+                if form == "softplus":
+                    gl[i, v] = floored_log_gate(gl[i, v], ab[0, v], ab[1, v], form)
+                else:
+                    gl[i, v] = T.if_then_else(start + r0 + i < end, floored_log_gate(gl[i, v], ab[0, v], ab[1, v], form),
+                                              0.0)
+        if form == "softplus":
+            for i in T.unroll(run):
+                for v in T.unroll(vec):
+                    gl[i, v] = T.if_then_else(start + r0 + i < end, gl[i, v], 0.0)
         for i in T.unroll(1, run):
             for v in T.unroll(vec):
                 gl[i, v] += gl[i - 1, v]
