@@ -68,6 +68,8 @@ CASES = [
     ("ws_split_full", "scalar", False, 128, "float16", None, (True, False, True)),
     ("ws_split_half", "none", False, 128, "bfloat16", None, (True, False, True)),
     ("ws_split_quarter", "scalar", False, 128, "bfloat16", None, (True, False, True)),
+    ("ws_split_half", "channel", True, 128, "bfloat16", "float32", (True, False, True)),  # KDA's, DV blocks below K
+    ("ws_split_quarter", "channel", True, 64, "float16", "float32", (True, False, True)),
     # GDN's split under the warm-up table: the transitions where it leaves them, the outputs from the warm-up start
     ("ws_warmsplit_full", "scalar", True, 128, "bfloat16", "float32", (True, False, True)),
     ("ws_warmsplit_half", "scalar", True, 64, "float16", "float16", (True, False, True)),

@@ -46,7 +46,7 @@ def test_reruns_are_bitwise_identical(op, layout):
     lengths = LAYOUTS[layout] or (300,)
     B = 2 if layout == "dense" else 1
     if layout == "split":
-        if not plan.splits(gate):
+        if not plan.splits(gate, delta):
             pytest.skip(f"{op} takes no sequence split")
         assert plan.auto_split(lengths, 4, multiprocessors(torch.device("cuda")), 128, gate, delta)
     x = inputs(lengths, B, 4, 4, 128, gate, seed=3)

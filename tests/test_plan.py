@@ -159,9 +159,25 @@ def test_sequence_split_needs_the_ws_pass():
         _plan(kernel="loop", split=SegmentPlan.of([64], 1))
 
 
-def test_sequence_split_takes_no_per_channel_gate():
-    with pytest.raises(ValueError, match="split: the sequence split takes no per-channel gate"):
-        _plan(gate="channel", delta=False, split=SegmentPlan.of([64], 1))
+def test_sequence_split_takes_no_per_channel_gate_without_the_delta_rule():
+    with pytest.raises(ValueError, match="split: the sequence split takes no per-channel gate without the delta"):
+        _plan(gate="channel", delta=False, beta_dtype=None, split=SegmentPlan.of([64], 1))
+    assert _plan(gate="channel", delta=False, beta_dtype=None, lengths=[65536], tokens=65536).split is None
+
+
+def test_kda_splits_long_sequences_on_few_heads():
+    """KDA (the per-channel delta rule): the split where the model says it pays (a tensor-parallel shard of 4 value
+    heads at 65536 tokens, not 16 heads): gla_factors as unsplit, transitions on [V | 0] at one of KDA's DV blocks,
+    the delta rule's combine, no warm-up (a per-channel decay bounds no warm-up: its calmest channel decides)."""
+    kda = dict(gate="channel", gate_dtype="bfloat16", gate_form="softplus", lengths=[65536], tokens=65536)
+    plan = _plan(H=4, HV=4, **kda)
+    transitions, outputs = plan.passes
+    assert plan.split is not None and plan.factors == (128, "bfloat16", ("bfloat16", "softplus"), True)
+    assert plan.kkt is None and plan.cumsum is None and plan.combine == (128, 128, "matrix", False, False)
+    assert (transitions.V, transitions.store_output, transitions.warmup) == (256, False, False)
+    assert transitions.block_DV in P.dv_blocks(128, "channel", True) and outputs.block_DV in (64, 32, 16)
+    assert _plan(H=16, HV=16, **kda).split is None
+    assert not P.warms("channel", True) and P.splits("channel", True)
 
 
 def test_split_must_be_of_the_call_lengths():

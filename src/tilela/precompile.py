@@ -51,7 +51,7 @@ def jobs() -> list[Job]:
     """Every kernel configuration this module compiles (see the module docstring)."""
     from .kernels.hopper import CUMSUM_CONFIGS, GLA_FACTORS_CONFIGS, KKT_CONFIGS, L2NORM_CONFIGS, SEQ_COMBINE_CONFIGS
     from .kernels.hopper.plan import CHUNK as TILE
-    from .kernels.hopper.plan import covers, dv_blocks, warms, ws_covers
+    from .kernels.hopper.plan import covers, dv_blocks, splits, warms, ws_covers
 
     op_of = {level: op for op, level in ATTENTION_OPS.items()}
     gated = frozenset(op for op, (gate, _) in ATTENTION_OPS.items() if gate != "none")
@@ -63,9 +63,10 @@ def jobs() -> list[Job]:
         dtype=c[2]) for c in KKT_CONFIGS]
     out += [Job("gla", c, frozenset({op_of["channel", c[3]]}), dtype=c[1], K=c[0]) for c in GLA_FACTORS_CONFIGS]
     # by (transition, warm-up): the plain update's gate kinds, the delta rule's [B | M] (GDN's under the warm-up)
-    combine_op = {("none", False): op_of["none", False], ("scalar", False): op_of["scalar", False],
-                  ("matrix", False): op_of["none", True], ("matrix", True): op_of["scalar", True]}
-    out += [Job("combine", c, frozenset({combine_op[c[2], c[4]]}), K=c[0]) for c in SEQ_COMBINE_CONFIGS]
+    combine_ops = {("none", False): {op_of["none", False]}, ("scalar", False): {op_of["scalar", False]},
+                   ("matrix", False): {op_of["none", True], op_of["channel", True]},
+                   ("matrix", True): {op_of["scalar", True]}}
+    out += [Job("combine", c, frozenset(combine_ops[c[2], c[4]]), K=c[0]) for c in SEQ_COMBINE_CONFIGS]
     l2norm_ops = frozenset(op for op, (_, delta) in ATTENTION_OPS.items() if delta)  # use_qk_l2norm_in_kernel
     out += [Job("l2norm", c, l2norm_ops, dtype=c[1], K=c[0]) for c in L2NORM_CONFIGS]
     out.append(Job("warmup", (), frozenset({op_of["scalar", True]})))
@@ -86,12 +87,12 @@ def jobs() -> list[Job]:
                             for block_DV in dv_blocks(K)]
                 # the state pass alone: the sequence split's transitions (varlen, final states; the delta rule's
                 # on [V | 0] from [0 | I], both formed in the pass, under GDN's warm-up; V from zero without) and
-                # the state_pass bench's state_only (V, from an initial state with the delta rule)
-                alone = [(K, (True, delta, True))] + ([(2 * K, (True, False, True))] if delta else [])
-                if gate != "channel":
+                # the state_pass bench's state_only (V, from an initial state with the delta rule; not KDA's)
+                alone = [(K, (True, delta, True))] * (gate != "channel") + [(2 * K, (True, False, True))] * delta
+                if splits(gate, delta):
                     out += [Job("ws", (K, V, gate, delta, dtype, beta_dtype, flags, block_DV, False,
                                        warms(gate, delta) and V == 2 * K), **level)
-                            for V, wanted in alone if flags == wanted for block_DV in dv_blocks(K)]
+                            for V, wanted in alone if flags == wanted for block_DV in dv_blocks(K, gate, delta)]
     return out
 
 

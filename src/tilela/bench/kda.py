@@ -13,11 +13,13 @@ Implementations (given cu_seqlens and its host copy where varlen):
                scores are exact only while no channel decays by more than e^-80 within 16 tokens)
   tilela_dv16, tilela_dv32, tilela_dv64
                our pipeline with the warp-specialised pass's DV block fixed (each block it is built for,
-               plan.dv_blocks): with --profile, the chunk periods of plan.CHUNK_US["kda", ...]
+               plan.dv_blocks; unsplit): with --profile, the chunk periods of plan.CHUNK_US["kda", ...]
+  tilela_unsplit  our pipeline with the sequence split off (only the cases the op splits), to show what it gains
   fla          fla.ops.kda.chunk_kda with FLA_FLASH_KDA=0 and FLA_FLASH_QLA=0 (Triton)
 Cases (K = V = 128): HV in {8, 32, 64} (H = HV) x T in {8192, 32768}; varlen 1024x8 at h32; one 65536-token
-sequence at h4/16; FlashKDA's published H200 cases, B = 1 and B = 2 at T = 8192, H = 64 (FlashKDA 1.209 and
-1.627 ms there, FLA 0.5 1.810 and 3.576 ms).
+sequence at h4/16 and at h4/4 (Kimi Linear's 32 heads sharded over 8 GPUs: the sequence split's case); FlashKDA's
+published H200 cases, B = 1 and B = 2 at T = 8192, H = 64 (FlashKDA 1.209 and 1.627 ms there, FLA 0.5 1.810 and
+3.576 ms).
 Floor: q, k, v, the raw gate, beta read once, o written once, the state read and written once; FLOPs of the chunk
 form per value head (K K^T and Q K^T with the gate folded in, A R, K S, Q S, P Vnew and K^T Vnew per chunk).
 """
@@ -38,7 +40,7 @@ CHUNK = 64
 LOWER_BOUND = -5.0
 GRID = [((hv, hv), f"1x{T}", (T,), 1) for hv in (8, 32, 64) for T in (8192, 32768)]
 EXTRA = [((32, 32), "1024x8", (1024,) * 8, 1), ((4, 16), "1x65536", (65536,), 1),
-         ((64, 64), "2x8192", (8192,), 2)]
+         ((64, 64), "2x8192", (8192,), 2), ((4, 4), "1x65536", (65536,), 1)]
 QUICK = ["1x8192_h64-64", "2x8192_h64-64", "1024x8_h32-32", "1x65536_h4-16"]
 DV_BLOCKS = (16, 32, 64)  # plan.dv_blocks(DIM, "channel", True)
 
@@ -90,10 +92,11 @@ def _ours(case, x):
     return o
 
 
-def _ours_plan(case, x, **options):
+def _ours_plan(case, x, split_cases=False, **options):
     """The case's gate form through the plan's stages with make_plan's options (kernel="loop": the gate formed in
     the cumsum stage, the single-warp-group pass, None for the softplus form, past its exactness bound; block_DV:
-    the warp-specialised pass's DV block)."""
+    the warp-specialised pass's DV block; split=None: the split off). split_cases: None where the op's own plan has
+    no split."""
     from tilela.kernels import hopper
     from tilela.ops import in_kernel_gate
 
@@ -102,7 +105,10 @@ def _ours_plan(case, x, **options):
     if not bounded and options.get("kernel") == "loop":
         return None
     gate_in = in_kernel_gate(x["g"], x["A_log"], x["dt_bias"], LOWER_BOUND if bounded else None)
-    plan = hopper_plan(x, list(p["lengths"]) * p["B"], p["K"], "channel", gate_form=gate_in.form, **options)
+    lengths = list(p["lengths"]) * p["B"]
+    if split_cases and hopper_plan(x, lengths, p["K"], "channel", gate_form=gate_in.form).split is None:
+        return None
+    plan = hopper_plan(x, lengths, p["K"], "channel", gate_form=gate_in.form, **options)
     o, _ = hopper.forward(plan, x["q"], x["k"], x["v"], x["g"], x["beta"], x["initial_state"], x.get("cu_seqlens"),
                           gate_params=gate_in.params, gate_scale=gate_in.lower_bound)
     return o
@@ -147,7 +153,8 @@ BENCH = Bench(
                  _case((2, 4), "300+1+77+64", (300, 1, 77, 64), 1, "bounded")],
     make_inputs=make_inputs,
     impls={"tilela": _ours, "tilela_loop": functools.partial(_ours_plan, kernel="loop"),
-           **{f"tilela_dv{block}": functools.partial(_ours_plan, block_DV=block) for block in DV_BLOCKS},
+           **{f"tilela_dv{block}": functools.partial(_ours_plan, block_DV=block, split=None) for block in DV_BLOCKS},
+           "tilela_unsplit": functools.partial(_ours_plan, split=None, split_cases=True),
            "fla": _fla},
     reference=_reference,
     cost=cost,

@@ -43,6 +43,7 @@ from .kkt_solve import kkt_solve_kernel
 from .l2norm import l2norm_kernel
 from .plan import Plan
 from .seq_combine import seq_combine_kernel
+from .seq_split import segment_table
 from .warmup import warmup_table_kernel
 
 STATE_PASSES = {"ws": chunk_fwd_ws_kernel, "loop": chunk_fwd_kernel}
@@ -282,7 +283,10 @@ def forward(plan: Plan, q, k, v, g, beta, initial_state=None, cu_seqlens=None, *
             A, g = launch_kkt(plan.kkt, k, beta, g, sched, gate_scale, gate_params)
     kg = P = None
     if plan.factors:  # the state-independent factors first, in the q, k, g, kg and P slots (chunk_fwd_ws.py)
-        q, k, kg, P, A, g = launch_factors(plan.factors, q, k, g, beta, plan.output.scale, sched, gate_params,
+        # over the split's segments, the layout both its passes index D by (segments start at chunk boundaries)
+        segments = None if plan.split is None else segment_table(plan.split, q.device).cu_segments
+        tiles = sched if segments is None else Schedule.of(flat(q), segments)
+        q, k, kg, P, A, g = launch_factors(plan.factors, q, k, g, beta, plan.output.scale, tiles, gate_params,
                                            gate_scale)
         beta = None  # in Ab
     elif g is not None:
@@ -292,20 +296,25 @@ def forward(plan: Plan, q, k, v, g, beta, initial_state=None, cu_seqlens=None, *
         order = None if plan.order is None else device_table(list, plan.order, q.device)
         o, ht = launch_state_pass(plan.output, q, k, v, g, beta, A, h0, sched.cu, sched.N, kg, P, order=order)
     else:
-        o, ht = _split(plan, q, k, v, g, beta, A, h0)
+        o, ht = _split(plan, q, k, v, g, beta, A, h0, kg, P)
     return (o if plan.output.store_output else None), ht
 
 
-def _split(plan: Plan, q, k, v, g, beta, A, h0):
+def _split(plan: Plan, q, k, v, g, beta, A, h0, kg=None, P=None):
     """The state pass over the plan's segments (seq_split.split_forward) with its transitions, combine and output
-    launches bound to the plan's keys."""
+    launches bound to the plan's keys. After gla_factors (kg, P given) the passes take its factors: kg and P as the
+    other token inputs, flat, and its decays D (in g) by the segments' tile slots, which the split's gate-free
+    delta-rule combine never reads."""
     transitions, outputs = plan.passes
+    factors = {} if kg is None else dict(kg=flat(kg), P=flat(P), D=g)
 
     def run(cfg):
-        return lambda q, k, v, g, beta, A, h0, cu, order, warm=None: launch_state_pass(
-            cfg, q, k, v, g, beta, A, h0, cu, cu.shape[0] - 1, warm=warm, order=order)
+        def state_pass(q, k, v, g, beta, A, h0, cu, order, warm=None):
+            return launch_state_pass(cfg, q, k, v, factors.get("D", g), beta, A, h0, cu, cu.shape[0] - 1,
+                                     factors.get("kg"), factors.get("P"), warm=warm, order=order)
+        return state_pass
 
     combine = functools.partial(launch_combine, plan.combine)
-    return seq_split.split_forward(run(transitions), run(outputs), combine, q, k, v, g, beta, A, h0,
-                                   plan.output_final_state, plan.split,
+    return seq_split.split_forward(run(transitions), run(outputs), combine, q, k, v, None if factors else g, beta,
+                                   A, h0, plan.output_final_state, plan.split,
                                    launch_warmup if plan.output.warmup else None)

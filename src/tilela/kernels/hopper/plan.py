@@ -14,7 +14,9 @@ A plan answers, in this order:
                takes ws wherever it covers; its DV block from the cost model below
   split        the sequence split (seq_split.py) where the cost model says it pays: the transitions' pass, the
                combine, then the output pass over the segments as one varlen batch; GDN's (the delta rule with a
-               scalar gate) with the warm-up table (warmup.py), which both passes read
+               scalar gate) with the warm-up table (warmup.py), which both passes read; KDA's (the per-channel delta
+               rule) after gla_factors over the segments' tiles, without the warm-up (its calmest channel, not
+               the head, bounds the past)
 Each stage's static configuration is its compile key; the launchers pass it to the builder unchanged.
 
 Cost model. A state pass is bound by each CTA's serial chain of chunks with one CTA per SM, so a launch takes about
@@ -66,6 +68,7 @@ CHUNK_US = {
     ("vd", 4, True): 1.15, ("vd", 2, True): 2.0, ("vd", 1, True): 3.5,
     ("vd", 2, False): 1.0, ("vd", 1, False): 1.73,
     ("kda", 2, True): 2.2, ("kda", 4, True): 1.43, ("kda", 8, True): 1.01,  # no K / 1 (dv_blocks)
+    ("kda", 2, False): 2.2, ("kda", 4, False): 1.43, ("kda", 8, False): 1.01,
 }
 # The split's own cost by update rule (delta rule or not): a fixed cost (the table's copy, the combine launch, the gaps
 # between launches) and a cost per combine step (one batched product per segment index with the delta rule, a
@@ -301,10 +304,11 @@ def ws_covers(dtype: str, K: int, V: int, gate: str, delta: bool) -> bool:
     return dtype in HALF and K == V and K in (64, 128) and gate in GATES
 
 
-def splits(gate: str) -> bool:
-    """Whether the sequence split takes a gate kind: its transitions are exp(segment decay) I (plain update) or read
-    from [B | M] (delta rule); a per-channel gate's would be diagonal per key channel, which the combine lacks."""
-    return gate != "channel"
+def splits(gate: str, delta: bool) -> bool:
+    """Whether the sequence split takes a configuration: its transitions are exp(segment decay) I (plain update) or
+    read from [B | M] (delta rule, any gate: KDA's per-channel decay is inside M); the plain update's under a
+    per-channel gate would be diagonal per key channel, which the combine lacks."""
+    return gate != "channel" or delta
 
 
 def loop_tiles(K: int, gate: str, delta: bool, dtype: str) -> tuple[int, int, int]:
@@ -449,13 +453,13 @@ def _plan(*, dtype: str, beta_dtype: str | None, gate_dtype: str | None, gate: s
         if not ws:
             raise ValueError(f"split: the sequence split runs on the warp-specialised pass, got kernel={kernel!r}, "
                              f"K={K}, V={V}, gate {gate!r}, delta rule {delta}")
-        if not splits(gate):
-            raise ValueError("split: the sequence split takes no per-channel gate (its transitions would be diagonal "
-                             "per key channel, not scalar), got a [B, T, HV, K] gate")
+        if not splits(gate, delta):
+            raise ValueError("split: the sequence split takes no per-channel gate without the delta rule (its "
+                             "transitions would be diagonal per key channel, not scalar), got a [B, T, HV, K] gate")
         if split.lengths != lengths:
             raise ValueError(f"split: a SegmentPlan of the call's lengths {lengths[:8]}..., got {split.lengths[:8]}...")
     elif split == "auto":
-        split = auto_split(lengths, HV, sms, K, gate, delta) if ws and splits(gate) and outputs else None
+        split = auto_split(lengths, HV, sms, K, gate, delta) if ws and splits(gate, delta) and outputs else None
     elif split is not None:
         raise ValueError(f"split: expected 'auto', None or a SegmentPlan, got {split!r}")
     if block_DV is not None and (block_DV not in dv_blocks(K, gate, delta) or not ws or split is not None):

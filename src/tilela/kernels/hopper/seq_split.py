@@ -20,8 +20,10 @@ a zero state (or from the sequence's initial state where the warm-up reaches it)
 The other (sequence, head)s (g = 0 heads, decays too weak) take steps 1-3 as above. Decided on the device from the
 gate, so the split stays exact to fp32 rounding and capturable, with one launch more.
 
-Segments begin at chunk boundaries of their sequence, so the chunk-local gc and A are those of the unsplit call. An
-empty sequence keeps one empty segment (its final state is its initial state). The segment table comes from the
+Segments begin at chunk boundaries of their sequence, so the chunk-local gc and A are those of the unsplit call, and
+so are KDA's factors (gla_factors.py), which launch.forward computes over the segments' tiles: their decays D are
+indexed by tile slot, and both passes take the segments as their sequences. An empty sequence keeps one empty
+segment (its final state is its initial state). The segment table comes from the
 plan's host lengths in one non-blocking copy from pinned memory (host_tables.py), so nothing synchronises with the
 host: the split is four launches (copy, transitions, combine, outputs), five under the warm-up, and with the delta
 rule a gather of the final states where the call has several sequences. Both passes launch the segments longest
