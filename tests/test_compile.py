@@ -41,12 +41,13 @@ def _lower(case):
     from tilelang import tvm
 
     from tilela.kernels.hopper.common import pass_configs, target
+    from tilela.kernels.hopper.launch import GUARDED
 
     kind, static = case
     builder = BUILDERS[kind]
     tgt = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
     assert str(tgt) == str(target())
-    with tvm.transform.PassContext(opt_level=3, config=pass_configs(warp_specialized=False)), tgt:
+    with tvm.transform.PassContext(opt_level=3, config=pass_configs(False, builder in GUARDED)), tgt:
         artifact = tilelang.lower(builder(*static), target=tgt, enable_device_compile=True)
     return artifact.kernel_source
 

@@ -1,8 +1,9 @@
 """What every Hopper kernel builder shares (TileLang).
 
-target() / pass_configs(): how every kernel is compiled: sm_90a, fast math for exp2, and TileLang's automatic warp
+target() / pass_configs(): how every kernel is compiled: sm_90a, fast math for exp2, TileLang's automatic warp
 specialisation only where asked (chunk_fwd's TMA pipeline gets a producer warp group; the latency-bound kkt_solve
-and cumsum kernels want several small CTAs per SM instead).
+and cumsum kernels want several small CTAs per SM instead), and its per-access bounds tests off where a kernel
+guards its accesses itself (launch.GUARDED).
 
 exp_e: exp through exp2 (gates are log-space, natural base).
 
@@ -242,8 +243,11 @@ PASS_CONFIGS = {
 }
 
 
-def pass_configs(warp_specialized: bool) -> dict:
-    return dict(PASS_CONFIGS, **{"tl.disable_warp_specialized": not warp_specialized})
+def pass_configs(warp_specialized: bool, guarded: bool = False) -> dict:
+    """guarded: the kernel guards every global access itself, so TileLang's safe-memory legalisation (a bounds test
+    on each access, from the tensors' dynamic shapes) is off."""
+    unguarded = {"tl.disable_safe_memory_legalize": True} if guarded else {}
+    return dict(PASS_CONFIGS, **{"tl.disable_warp_specialized": not warp_specialized}, **unguarded)
 
 
 def target():

@@ -47,6 +47,9 @@ from .seq_split import segment_table
 from .warmup import warmup_table_kernel
 
 STATE_PASSES = {"ws": chunk_fwd_ws_kernel, "loop": chunk_fwd_kernel}
+# builders whose kernels guard every global access themselves (rows against the sequence end, tile slots against the
+# grid): compiled without TileLang's per-access bounds tests (common.pass_configs)
+GUARDED = frozenset({gla_factors_kernel})
 
 
 @functools.lru_cache(maxsize=None)
@@ -57,8 +60,8 @@ def compiled(builder, *static, warp_specialized: bool = False):
     kkt_solve, cumsum, gla_factors and combine kernels want several small CTAs per SM instead (common.PASS_CONFIGS)."""
     import tilelang
 
-    return tilelang.compile(builder(*static), target=target(), pass_configs=pass_configs(warp_specialized),
-                            execution_backend="tvm_ffi")
+    return tilelang.compile(builder(*static), target=target(),
+                            pass_configs=pass_configs(warp_specialized, builder in GUARDED), execution_backend="tvm_ffi")
 
 
 @functools.lru_cache(maxsize=None)
