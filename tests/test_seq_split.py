@@ -35,6 +35,21 @@ def test_segment_table_cuts_each_sequence_at_chunk_multiples():
     assert all(t.dtype == torch.int32 for t in table)
 
 
+def test_segment_table_views_a_cached_table_once(monkeypatch):
+    """On a GPU host_tables hands back one cached tensor per plan: its views are made once and found again (by the
+    tensor's identity: its == is elementwise), and a new tensor gets its own."""
+    from tilela.kernels.hopper import seq_split
+
+    plan = SegmentPlan.of([300, 1, 0, 130, 64], 2)
+    cached = torch.tensor(seq_split._flat_table(plan), dtype=torch.int32)
+    monkeypatch.setattr(seq_split, "device_table", lambda host, key, device: cached)
+    first = segment_table(plan, torch.device("cpu"))
+    assert segment_table(plan, torch.device("cpu")) is first
+    monkeypatch.setattr(seq_split, "device_table", lambda host, key, device: cached.clone())
+    other = segment_table(plan, torch.device("cpu"))
+    assert other is not first and [t.tolist() for t in other] == [t.tolist() for t in first]
+
+
 def test_segment_plan_rejects_empty_segments():
     with pytest.raises(ValueError, match="segment_chunks: expected >= 1, got 0"):
         SegmentPlan.of([100], 0)

@@ -57,7 +57,9 @@ L2NORM_DIMS = (64, 128, 256)
 #                        input slots", its "Sweeps"
 #   kda                  "KDA on the warp-specialised pass: measured" (the pass's profiled time per chunk); K / 8
 #                        from "The KDA pass's DV blocks on small grids" (one wave, 128-1024 chunks; `tilela bench
-#                        --op kda --impls tilela_dv16,tilela_dv32,tilela_dv64 --profile` measures them)
+#                        --op kda --impls tilela_dv16,tilela_dv32,tilela_dv64 --profile` measures them); without
+#                        output (the split's transitions on [V | 0]) from "KDA's sequence split" (one wave of 128
+#                        CTAs, 128-512 chunks)
 _GDN_US = {(4, True): 1.86, (2, True): 2.3, (1, True): 4.1, (2, False): 2.2, (1, False): 4.2}
 CHUNK_US = {
     **{("gdn", *key): us for key, us in _GDN_US.items()},
@@ -68,7 +70,7 @@ CHUNK_US = {
     ("vd", 4, True): 1.15, ("vd", 2, True): 2.0, ("vd", 1, True): 3.5,
     ("vd", 2, False): 1.0, ("vd", 1, False): 1.73,
     ("kda", 2, True): 2.2, ("kda", 4, True): 1.43, ("kda", 8, True): 1.01,  # no K / 1 (dv_blocks)
-    ("kda", 2, False): 2.2, ("kda", 4, False): 1.43, ("kda", 8, False): 1.01,
+    ("kda", 2, False): 1.73, ("kda", 4, False): 1.06, ("kda", 8, False): 0.86,
 }
 # The split's own cost by update rule (delta rule or not): a fixed cost (the table's copy, the combine launch, the gaps
 # between launches) and a cost per combine step (one batched product per segment index with the delta rule, a

@@ -80,17 +80,20 @@ def _flat_table(plan: SegmentPlan) -> list[int]:
     return sum(host_table(plan), [])
 
 
-_VIEWS: "weakref.WeakKeyDictionary[torch.Tensor, SegmentTable]" = weakref.WeakKeyDictionary()
+# id(table) -> (a weak reference to the table, its views), dropped when the table is freed; keyed by identity: a
+# tensor's == is elementwise, so a WeakKeyDictionary cannot compare two references to one table
+_VIEWS: "dict[int, tuple[weakref.ref, SegmentTable]]" = {}
 
 
 def segment_table(plan: SegmentPlan, device: torch.device) -> SegmentTable:
     """The plan's SegmentTable on the device, in one table of host_tables (one non-blocking copy on a GPU, none
     when the plan's table is there already), viewed once per table."""
     flat = device_table(_flat_table, plan, device)
-    table = _VIEWS.get(flat)
-    if table is None:
+    ref, table = _VIEWS.get(id(flat), (None, None))
+    if ref is None or ref() is not flat:
         S, N, M = plan.num_segments, len(plan.lengths), plan.num_split
-        table = _VIEWS[flat] = SegmentTable(*flat.split([S + 1, N + 1, N, S, M, N - M, N - M]))
+        table = SegmentTable(*flat.split([S + 1, N + 1, N, S, M, N - M, N - M]))
+        _VIEWS[id(flat)] = (weakref.ref(flat, lambda _, key=id(flat): _VIEWS.pop(key, None)), table)
     return table
 
 
