@@ -37,17 +37,21 @@ def test_segment_table_cuts_each_sequence_at_chunk_multiples():
 
 def test_segment_table_views_a_cached_table_once(monkeypatch):
     """On a GPU host_tables hands back one cached tensor per plan: its views are made once and found again (by the
-    tensor's identity: its == is elementwise), and a new tensor gets its own."""
+    tensor's identity: its == is elementwise), a new tensor gets its own, and only the VIEWS_KEPT latest are kept."""
     from tilela.kernels.hopper import seq_split
 
     plan = SegmentPlan.of([300, 1, 0, 130, 64], 2)
     cached = torch.tensor(seq_split._flat_table(plan), dtype=torch.int32)
+    monkeypatch.setattr(seq_split, "_VIEWS", {})
     monkeypatch.setattr(seq_split, "device_table", lambda host, key, device: cached)
     first = segment_table(plan, torch.device("cpu"))
     assert segment_table(plan, torch.device("cpu")) is first
     monkeypatch.setattr(seq_split, "device_table", lambda host, key, device: cached.clone())
     other = segment_table(plan, torch.device("cpu"))
     assert other is not first and [t.tolist() for t in other] == [t.tolist() for t in first]
+    for _ in range(seq_split.VIEWS_KEPT):
+        segment_table(plan, torch.device("cpu"))
+    assert len(seq_split._VIEWS) == seq_split.VIEWS_KEPT and id(cached) not in seq_split._VIEWS
 
 
 def test_segment_plan_rejects_empty_segments():

@@ -36,12 +36,11 @@ on the GPU, reference.entering_states and reference.transition_entering_states e
 leaves o unwritten. The split's cost model and the SegmentPlan live in plan.py.
 """
 
-import weakref
 from typing import NamedTuple
 
 import torch
 
-from .host_tables import device_table
+from .host_tables import EAGER_TABLES, device_table
 from .plan import CHUNK, SegmentPlan, segment_count
 
 
@@ -80,20 +79,23 @@ def _flat_table(plan: SegmentPlan) -> list[int]:
     return sum(host_table(plan), [])
 
 
-# id(table) -> (a weak reference to the table, its views), dropped when the table is freed; keyed by identity: a
-# tensor's == is elementwise, so a WeakKeyDictionary cannot compare two references to one table
-_VIEWS: "dict[int, tuple[weakref.ref, SegmentTable]]" = {}
+# id(table) -> (the table, its views), the VIEWS_KEPT latest (the views hold their table, so no entry could wait for
+# the table to be freed); keyed by identity, as a tensor's == is elementwise
+_VIEWS: "dict[int, tuple[torch.Tensor, SegmentTable]]" = {}
+VIEWS_KEPT = EAGER_TABLES
 
 
 def segment_table(plan: SegmentPlan, device: torch.device) -> SegmentTable:
     """The plan's SegmentTable on the device, in one table of host_tables (one non-blocking copy on a GPU, none
-    when the plan's table is there already), viewed once per table."""
+    when the plan's table is there already), viewed once per table while it is among the VIEWS_KEPT latest."""
     flat = device_table(_flat_table, plan, device)
-    ref, table = _VIEWS.get(id(flat), (None, None))
-    if ref is None or ref() is not flat:
+    kept, table = _VIEWS.pop(id(flat), (None, None))
+    if kept is not flat:
         S, N, M = plan.num_segments, len(plan.lengths), plan.num_split
         table = SegmentTable(*flat.split([S + 1, N + 1, N, S, M, N - M, N - M]))
-        _VIEWS[id(flat)] = (weakref.ref(flat, lambda _, key=id(flat): _VIEWS.pop(key, None)), table)
+    _VIEWS[id(flat)] = (flat, table)
+    while len(_VIEWS) > VIEWS_KEPT:
+        del _VIEWS[next(iter(_VIEWS))]
     return table
 
 
