@@ -137,7 +137,11 @@ def _problem(gate, delta, lengths, B=1, T=None, H=1, G=2, K=8, V=12, seed=0):
     N = B if lengths is None else len(lengths)
     HV = H * G
     g = None
-    if gate:
+    if gate == "channel":  # KDA's: a head without decay, a head with half its channels calm
+        g = F.logsigmoid(torch.randn(B, T, HV, K, generator=gen, dtype=F64))
+        g[:, :, 0] = 0.0
+        g[:, :, 1, : K // 2] = 0.0
+    elif gate:
         g = F.logsigmoid(torch.randn(B, T, HV, generator=gen, dtype=F64))
         g[:, :, 0] = 0.0  # a head without decay: its transition M never fades
     return dict(
@@ -173,15 +177,15 @@ def _stand_in(g_raw, scale):
     """A float64 state pass with the contract split_forward drives (varlen layout): reference layer B over the
     segments, from the raw gate (segments start at chunk boundaries, so its chunk-local cumsum is the one given)."""
     def state_pass(q, k, v, g_cumsum, beta, A, h0, cu_seqlens, order):
-        g1 = None if g_raw is None else g_raw.reshape(1, -1, g_raw.shape[2])
+        g1 = None if g_raw is None else g_raw.reshape(1, -1, *g_raw.shape[2:])
         return reference.chunked(q, k, v, g=g1, beta=beta, scale=scale, initial_state=h0,
                                  cu_seqlens=cu_seqlens.long())
     return state_pass
 
 
 @pytest.mark.parametrize("segment_chunks", [1, 2, 3])
-@pytest.mark.parametrize("gate,delta", [(True, True), (False, True), (True, False), (False, False)],
-                         ids=["gdn", "delta_rule", "simple_gla", "linear_attn"])
+@pytest.mark.parametrize("gate,delta", [(True, True), ("channel", True), (False, True), (True, False), (False, False)],
+                         ids=["gdn", "kda", "delta_rule", "simple_gla", "linear_attn"])
 @pytest.mark.parametrize("layout", ["varlen", "dense", "single"])
 def test_split_forward_matches_unsplit(gate, delta, segment_chunks, layout):
     """layout: varlen, a dense batch of two, one sequence (its last segment's state is the final one, no gather)."""
