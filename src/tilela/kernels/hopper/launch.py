@@ -60,8 +60,8 @@ def compiled(builder, *static, warp_specialized: bool = False):
     kkt_solve, cumsum, gla_factors and combine kernels want several small CTAs per SM instead (common.PASS_CONFIGS)."""
     import tilelang
 
-    return tilelang.compile(builder(*static), target=target(),
-                            pass_configs=pass_configs(warp_specialized, builder in GUARDED), execution_backend="tvm_ffi")
+    configs = pass_configs(warp_specialized, builder in GUARDED)
+    return tilelang.compile(builder(*static), target=target(), pass_configs=configs, execution_backend="tvm_ffi")
 
 
 @functools.lru_cache(maxsize=None)
