@@ -51,7 +51,7 @@ def jobs() -> list[Job]:
     """Every kernel configuration this module compiles (see the module docstring)."""
     from .kernels.hopper import CUMSUM_CONFIGS, GLA_FACTORS_CONFIGS, KKT_CONFIGS, L2NORM_CONFIGS, SEQ_COMBINE_CONFIGS
     from .kernels.hopper.plan import CHUNK as TILE
-    from .kernels.hopper.plan import covers, dv_blocks, splits, warms, ws_covers
+    from .kernels.hopper.plan import covers, dv_blocks, warms, ws_covers
 
     op_of = {level: op for op, level in ATTENTION_OPS.items()}
     gated = frozenset(op for op, (gate, _) in ATTENTION_OPS.items() if gate != "none")
@@ -89,10 +89,9 @@ def jobs() -> list[Job]:
                 # on [V | 0] from [0 | I], both formed in the pass, under GDN's warm-up; V from zero without) and
                 # the state_pass bench's state_only (V, from an initial state with the delta rule; not KDA's)
                 alone = [(K, (True, delta, True))] * (gate != "channel") + [(2 * K, (True, False, True))] * delta
-                if splits(gate, delta):
-                    out += [Job("ws", (K, V, gate, delta, dtype, beta_dtype, flags, block_DV, False,
-                                       warms(gate, delta) and V == 2 * K), **level)
-                            for V, wanted in alone if flags == wanted for block_DV in dv_blocks(K, gate, delta)]
+                out += [Job("ws", (K, V, gate, delta, dtype, beta_dtype, flags, block_DV, False,
+                                   warms(gate, delta) and V == 2 * K), **level)
+                        for V, wanted in alone if flags == wanted for block_DV in dv_blocks(K, gate, delta)]
     return out
 
 

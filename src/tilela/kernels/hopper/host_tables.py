@@ -40,17 +40,21 @@ def _copied(host: Host, key: Hashable, device: torch.device) -> torch.Tensor:
     return _pinned(host, key).to(device, non_blocking=True)
 
 
+def latest(cache: dict, name: Hashable, make: Callable[[], object], kept: int):
+    """cache[name], made by make() where absent, as the newest entry; the `kept` newest entries are kept."""
+    value = cache.pop(name, None)
+    if value is None:
+        value = make()
+    cache[name] = value
+    while len(cache) > kept:
+        del cache[next(iter(cache))]
+    return value
+
+
 def _eager(host: Host, key: Hashable, device: torch.device, stream: int) -> torch.Tensor:
     """A table outside a capture, per key, device and stream (the copy is ordered on the stream that reads it); the
     EAGER_TABLES latest are kept."""
-    name = (host, key, device, stream)
-    table = _EAGER.pop(name, None)
-    if table is None:
-        table = _copied(host, key, device)
-    _EAGER[name] = table
-    while len(_EAGER) > EAGER_TABLES:
-        del _EAGER[next(iter(_EAGER))]
-    return table
+    return latest(_EAGER, (host, key, device, stream), lambda: _copied(host, key, device), EAGER_TABLES)
 
 
 def _captured(host: Host, key: Hashable, device: torch.device) -> torch.Tensor:

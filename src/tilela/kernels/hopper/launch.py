@@ -309,15 +309,16 @@ def _split(plan: Plan, q, k, v, g, beta, A, h0, kg=None, P=None):
     other token inputs, flat, and its decays D (in g) by the segments' tile slots, which the split's gate-free
     delta-rule combine never reads."""
     transitions, outputs = plan.passes
-    factors = {} if kg is None else dict(kg=flat(kg), P=flat(P), D=g)
+    D = None if kg is None else g  # after gla_factors, g holds D
+    kg, P = (None, None) if kg is None else (flat(kg), flat(P))
 
     def run(cfg):
         def state_pass(q, k, v, g, beta, A, h0, cu, order, warm=None):
-            return launch_state_pass(cfg, q, k, v, factors.get("D", g), beta, A, h0, cu, cu.shape[0] - 1,
-                                     factors.get("kg"), factors.get("P"), warm=warm, order=order)
+            return launch_state_pass(cfg, q, k, v, g if D is None else D, beta, A, h0, cu, cu.shape[0] - 1, kg, P,
+                                     warm=warm, order=order)
         return state_pass
 
     combine = functools.partial(launch_combine, plan.combine)
-    return seq_split.split_forward(run(transitions), run(outputs), combine, q, k, v, None if factors else g, beta,
+    return seq_split.split_forward(run(transitions), run(outputs), combine, q, k, v, g if D is None else None, beta,
                                    A, h0, plan.output_final_state, plan.split,
                                    launch_warmup if plan.output.warmup else None)

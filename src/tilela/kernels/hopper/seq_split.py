@@ -40,7 +40,7 @@ from typing import NamedTuple
 
 import torch
 
-from .host_tables import EAGER_TABLES, device_table
+from .host_tables import EAGER_TABLES, device_table, latest
 from .plan import CHUNK, SegmentPlan, segment_count
 
 
@@ -79,8 +79,8 @@ def _flat_table(plan: SegmentPlan) -> list[int]:
     return sum(host_table(plan), [])
 
 
-# id(table) -> (the table, its views), the VIEWS_KEPT latest (the views hold their table, so no entry could wait for
-# the table to be freed); keyed by identity, as a tensor's == is elementwise
+# id(table) -> (the table, its views), the VIEWS_KEPT latest; keyed by identity, as a tensor's == is elementwise (an
+# entry holds its table, so its id names no other tensor while it is kept)
 _VIEWS: "dict[int, tuple[torch.Tensor, SegmentTable]]" = {}
 VIEWS_KEPT = EAGER_TABLES
 
@@ -89,14 +89,9 @@ def segment_table(plan: SegmentPlan, device: torch.device) -> SegmentTable:
     """The plan's SegmentTable on the device, in one table of host_tables (one non-blocking copy on a GPU, none
     when the plan's table is there already), viewed once per table while it is among the VIEWS_KEPT latest."""
     flat = device_table(_flat_table, plan, device)
-    kept, table = _VIEWS.pop(id(flat), (None, None))
-    if kept is not flat:
-        S, N, M = plan.num_segments, len(plan.lengths), plan.num_split
-        table = SegmentTable(*flat.split([S + 1, N + 1, N, S, M, N - M, N - M]))
-    _VIEWS[id(flat)] = (flat, table)
-    while len(_VIEWS) > VIEWS_KEPT:
-        del _VIEWS[next(iter(_VIEWS))]
-    return table
+    S, N, M = plan.num_segments, len(plan.lengths), plan.num_split
+    return latest(_VIEWS, id(flat), lambda: (flat, SegmentTable(*flat.split([S + 1, N + 1, N, S, M, N - M, N - M]))),
+                  VIEWS_KEPT)[1]
 
 
 def split_forward(transitions, outputs, combine, q, k, v, g, beta, A, initial_state, output_final_state,
