@@ -194,7 +194,7 @@ def test_kda_sequence_split_matches_unsplit_and_reference(name):
     for split in (None, SegmentPlan.of(host, segment_chunks)):
         plan = hopper.plan_call(d["q"], d["v"], d["g"], d["beta"], K**-0.5, gate="channel", lengths=host,
                                 initial_state=use_h0, output_final_state=True, varlen=B == 1 and len(lengths) > 1,
-                                split=split)
+                                split=split, pipeline=None)
         assert (plan.split is None) == (split is None) and plan.factors is not None
         cu = d["cu_seqlens"] if B == 1 and len(lengths) > 1 else None
         runs.append(hopper.forward(plan, d["q"], d["k"], d["v"], d["g"], d["beta"], d["initial_state"], cu))
@@ -204,6 +204,103 @@ def test_kda_sequence_split_matches_unsplit_and_reference(name):
     assert rel_l2(o1, o0) < TOL and rel_l2(S1, S0) < TOL
     assert rel_l2(o1, ref_o) < TOL, f"o rel L2 {rel_l2(o1, ref_o):.3e}"
     assert rel_l2(S1, ref_S) < TOL, f"final state rel L2 {rel_l2(S1, ref_S):.3e}"
+
+
+PIPELINE_CASES = {  # length, H, HV, K, dtype, varlen, initial state, gate form, token boundaries
+    "h8_ranges4": (5000, 8, 8, 128, torch.bfloat16, False, True, "softplus", (0, 1024, 2048, 3520, 5000)),
+    "varlen_one_token_last": (1153, 2, 4, 128, torch.bfloat16, True, False, "log", (0, 512, 1152, 1153)),
+    "fp16_K64_bounded": (3000, 4, 4, 64, torch.float16, False, True, "sigmoid", (0, 640, 3000)),
+}
+
+
+@pytest.mark.parametrize("name", list(PIPELINE_CASES))
+def test_kda_pipeline_matches_unpipelined_and_reference(name):
+    """The token-range pipeline (gla_factors and the pass range by range on two streams) gives the unpipelined
+    call's o and final state bit for bit: the same factors per chunk, the fp32 state handed over through the final
+    and initial state slots; and both within TOL of float64 (the gate formed in the kernels from its raw input)."""
+    from tilela.kernels import hopper
+    from tilela.ops import in_kernel_gate
+
+    T, H, HV, K, dtype, varlen, use_h0, form, bounds = PIPELINE_CASES[name]
+    x = make((T,), 1, H, HV, K, dtype, seed=len(name))
+    gen = torch.Generator().manual_seed(5)
+    A_log = (torch.rand(HV, generator=gen) * 15 + 1).log()
+    dt_bias = torch.randn(HV * K, generator=gen) - 3
+    raw = torch.randn(1, T, HV, K, generator=gen).to(dtype)
+    h0 = x["initial_state"] if use_h0 else None
+    d = {n: None if t is None else t.cuda() for n, t in dict(x, initial_state=h0, g=raw).items()}
+    if form == "log":
+        d["g"], gate = x["g"].cuda(), dict(gate_params=None, gate_scale=None)
+    else:
+        gate_in = in_kernel_gate(d["g"], A_log.cuda(), dt_bias.cuda(), -5.0 if form == "sigmoid" else None)
+        gate = dict(gate_params=gate_in.params, gate_scale=gate_in.lower_bound)
+    runs = []
+    for pipeline in (None, bounds):
+        plan = hopper.plan_call(d["q"], d["v"], d["g"], d["beta"], K**-0.5, gate="channel", lengths=[T],
+                                initial_state=use_h0, output_final_state=True, varlen=varlen,
+                                gate_form=form, pipeline=pipeline)
+        assert plan.pipeline == pipeline and plan.split is None
+        runs.append(hopper.forward(plan, d["q"], d["k"], d["v"], d["g"], d["beta"], d["initial_state"],
+                                   d["cu_seqlens"] if varlen else None, **gate))
+    torch.cuda.synchronize()
+    (o0, S0), (o1, S1) = runs
+    assert torch.equal(o1, o0) and torch.equal(S1, S0)
+    if form == "log":
+        g = x["g"].double()
+    else:
+        a, z = A_log.double().exp().view(HV, 1), raw.double() + dt_bias.double().view(HV, K)
+        g = -5.0 * torch.sigmoid(a * z) if form == "sigmoid" else -a * F.softplus(z)
+    ref_o, ref_S = reference.chunked(x["q"], x["k"], x["v"], g=g, beta=x["beta"], initial_state=h0)
+    assert rel_l2(o1, ref_o) < TOL, f"o rel L2 {rel_l2(o1, ref_o):.3e}"
+    assert rel_l2(S1, ref_S) < TOL, f"final state rel L2 {rel_l2(S1, ref_S):.3e}"
+
+
+def test_kda_pipelined_call_captures_in_a_cuda_graph(kernels_only, monkeypatch):
+    """chunk_kda on a layout auto_pipeline pipelines (one 32768-token sequence over 8 value heads, the in-kernel
+    bounded gate): eagerly the op runs unpipelined, in a CUDA graph's capture pipelined (the passes' stream forked
+    and joined inside the capture); the replay on new inputs matches float64 and, bit for bit, the eager call."""
+    from tilela.kernels import hopper
+    from tilela.kernels.hopper import seq_pipeline
+    from tilela.kernels.hopper.plan import auto_pipeline
+
+    pipelined = []
+    forward = seq_pipeline.pipeline_forward
+    monkeypatch.setattr(seq_pipeline, "pipeline_forward", lambda *a, **kw: pipelined.append(1) or forward(*a, **kw))
+    lengths, HV, K = (32768,), 8, 128
+    sms = hopper.multiprocessors(torch.device("cuda"))
+    assert auto_pipeline(lengths, HV, sms, K, "sigmoid", 16, (16,)) is not None
+    x = make(lengths, 1, HV, HV, K, torch.bfloat16, seed=31)
+    gen = torch.Generator().manual_seed(32)
+    A_log = (torch.rand(HV, generator=gen) * 15 + 1).log().cuda()
+    dt_bias = torch.full((HV * K,), -4.0).cuda()
+    d = {n: t.cuda() for n, t in x.items() if n != "cu_seqlens"}
+    d["g"] = torch.randn(d["g"].shape, device="cuda").to(torch.bfloat16)
+
+    def call():
+        return tilela.chunk_kda(d["q"], d["k"], d["v"], d["g"], d["beta"], initial_state=d["initial_state"],
+                                output_final_state=True, use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias,
+                                safe_gate=True, lower_bound=-5.0)
+
+    eager_o, _ = call()
+    torch.cuda.synchronize()
+    assert not pipelined
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        o, S = call()
+    assert pipelined == [1]
+    fresh = make(lengths, 1, HV, HV, K, torch.bfloat16, seed=33)
+    for n in ("q", "k", "v", "beta", "initial_state"):
+        d[n].copy_(fresh[n])
+    graph.replay()
+    eager_fresh_o, eager_fresh_S = call()
+    torch.cuda.synchronize()
+    assert pipelined == [1] and torch.equal(o, eager_fresh_o) and torch.equal(S, eager_fresh_S)
+    a = A_log.double().cpu().exp().view(HV, 1)
+    g = -5.0 * torch.sigmoid(a * (d["g"].double().cpu() + dt_bias.double().cpu().view(HV, K)))
+    ref_o, ref_S = reference.chunked(fresh["q"], fresh["k"], fresh["v"], g=g, beta=fresh["beta"],
+                                     initial_state=fresh["initial_state"])
+    assert rel_l2(o, ref_o) < TOL and rel_l2(S, ref_S) < TOL
+    assert rel_l2(eager_o, ref_o) > 1e-1  # the replay ran on the new inputs
 
 
 def test_kda_split_call_captures_in_a_cuda_graph(kernels_only):

@@ -213,3 +213,60 @@ def test_update_rule_keys_the_chunk_periods(gate, delta, rule):
     assert P.update_rule(gate, delta) == rule
 
 
+
+
+def test_kda_pipelines_one_long_sequence_on_few_heads():
+    """KDA's token-range pipeline where the model says it pays, in a CUDA graph's capture: one long sequence whose
+    pass leaves SMs to gla_factors (8 value heads at K / 8 blocks: 64 CTAs); not eagerly, not 32 heads (the pass
+    fills the GPU), not a batch of sequences, not 8192 tokens (the ranges' own costs). Its passes are dense, the first
+    range's from the call's initial state, the others' from the state handed over, every range storing its final
+    state; both are shipped configurations."""
+    from tilela.precompile import jobs
+
+    kda = dict(gate="channel", gate_dtype="bfloat16", gate_form="sigmoid", H=8, HV=8, initial_state=False, graph=True)
+    plan = _plan(lengths=[32768], tokens=32768, **kda)
+    bounds = plan.pipeline
+    assert plan.split is None and bounds[0] == 0 and bounds[-1] == 32768
+    assert all(b % 64 == 0 for b in bounds[1:-1]) and list(bounds) == sorted(set(bounds)) and len(bounds) >= 3
+    first, rest = plan.passes
+    assert (first.is_varlen, first.use_initial_state, first.store_final_state) == (False, False, True)
+    assert (rest.is_varlen, rest.use_initial_state, rest.store_final_state) == (False, True, True)
+    shipped = {job.config for job in jobs() if job.kind == "ws"}
+    for cfg in plan.passes:
+        flags = (cfg.is_varlen, cfg.use_initial_state, cfg.store_final_state)
+        assert (128, 128, "channel", True, "bfloat16", "float32", flags, *cfg.tiles) in shipped
+    long = dict(lengths=[32768], tokens=32768)
+    assert _plan(**long, **dict(kda, graph=False)).pipeline is None
+    assert _plan(**long, **dict(kda, H=32, HV=32)).pipeline is None
+    assert _plan(lengths=[16384, 16384], tokens=32768, varlen=True, **kda).pipeline is None
+    assert _plan(lengths=[8192], tokens=8192, **kda).pipeline is None
+    assert _plan(**long, pipeline=None, **kda).pipeline is None
+    assert _plan(**long, gate="scalar", H=8, HV=8, graph=True).pipeline is None  # no gla_factors
+
+
+def test_pipeline_model_waits_for_the_factors_on_the_free_sms():
+    """pipeline_us: the first range's factors on the whole GPU, then each pass after its range's factors, which run
+    on the SMs the pass leaves; each range past the first costs PIPELINE_RANGE_US."""
+    extra = P.PIPELINE_RANGE_US
+    # factors 1 us a chunk (one head), half the SMs free: range 1's factors end at 4 + 8, after the first pass (4 + 2)
+    assert P.pipeline_us([4, 4], 1, 1.0, 0.5, 0.5) == pytest.approx(4 + 8 + 2 + extra)
+    # a slow pass: the factors are ready before it needs them
+    assert P.pipeline_us([4, 4], 1, 1.0, 10.0, 0.5) == pytest.approx(4 + 40 + 40 + extra)
+    assert P.pipeline_bounds(128, 32, 3, 8150) == (0, 2048, 4096, 6144, 8150)
+
+
+@pytest.mark.parametrize("pipeline,match", [
+    ((0, 4000, 8192), "inner ones multiples of 64"), ((0, 4096), "from 0 to the sequence's 8192 tokens"),
+    ((0, 4096, 4096, 8192), "increasing"), ((0, 8192, 0), "increasing")])
+def test_given_pipeline_is_checked(pipeline, match):
+    kda = dict(gate="channel", gate_dtype="bfloat16", H=8, HV=8, lengths=[8192], tokens=8192)
+    with pytest.raises(ValueError, match=f"pipeline: .*{match}"):
+        _plan(pipeline=pipeline, **kda)
+
+
+def test_pipeline_needs_gla_factors_and_one_sequence():
+    with pytest.raises(ValueError, match="pipeline: the token-range pipeline runs gla_factors' plans"):
+        _plan(pipeline=(0, 64, 128), lengths=[128], tokens=128)
+    with pytest.raises(ValueError, match="got 2 sequences"):
+        _plan(pipeline=(0, 64, 128), gate="channel", gate_dtype="bfloat16", lengths=[64, 64], tokens=128,
+              varlen=True)

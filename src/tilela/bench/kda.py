@@ -13,8 +13,10 @@ Implementations (given cu_seqlens and its host copy where varlen):
                scores are exact only while no channel decays by more than e^-80 within 16 tokens)
   tilela_dv16, tilela_dv32, tilela_dv64
                our pipeline with the warp-specialised pass's DV block fixed (each block it is built for,
-               plan.dv_blocks; unsplit): with --profile, the chunk periods of plan.CHUNK_US["kda", ...]
+               plan.dv_blocks; unsplit, unpipelined): with --profile, the chunk periods of plan.CHUNK_US["kda", ...]
   tilela_unsplit  our pipeline with the sequence split off (only the cases the op splits), to show what it gains
+  tilela_unpipelined  our pipeline with the token-range pipeline off (only the cases the op pipelines), likewise; the
+               op pipelines only in a CUDA graph's capture, so its eager column is unpipelined
   fla          fla.ops.kda.chunk_kda with FLA_FLASH_KDA=0 and FLA_FLASH_QLA=0 (Triton)
 Cases (K = V = 128): HV in {8, 32, 64} (H = HV) x T in {8192, 32768}; varlen 1024x8 at h32; one 65536-token
 sequence at h4/16 and at h4/4 (Kimi Linear's 32 heads sharded over 8 GPUs: the sequence split's case); FlashKDA's
@@ -92,11 +94,11 @@ def _ours(case, x):
     return o
 
 
-def _ours_plan(case, x, split_cases=False, **options):
+def _ours_plan(case, x, only=None, **options):
     """The case's gate form through the plan's stages with make_plan's options (kernel="loop": the gate formed in
     the cumsum stage, the single-warp-group pass, None for the softplus form, past its exactness bound; block_DV:
-    the warp-specialised pass's DV block; split=None: the split off). split_cases: None where the op's own plan has
-    no split."""
+    the warp-specialised pass's DV block; split=None, pipeline=None: the split, the token-range pipeline off).
+    only ("split" or "pipeline"): None where the op's own plan in a graph's capture has none."""
     from tilela.kernels import hopper
     from tilela.ops import in_kernel_gate
 
@@ -106,7 +108,7 @@ def _ours_plan(case, x, split_cases=False, **options):
         return None
     gate_in = in_kernel_gate(x["g"], x["A_log"], x["dt_bias"], LOWER_BOUND if bounded else None)
     lengths = list(p["lengths"]) * p["B"]
-    if split_cases and hopper_plan(x, lengths, p["K"], "channel", gate_form=gate_in.form).split is None:
+    if only and getattr(hopper_plan(x, lengths, p["K"], "channel", gate_form=gate_in.form, graph=True), only) is None:
         return None
     plan = hopper_plan(x, lengths, p["K"], "channel", gate_form=gate_in.form, **options)
     o, _ = hopper.forward(plan, x["q"], x["k"], x["v"], x["g"], x["beta"], x["initial_state"], x.get("cu_seqlens"),
@@ -153,8 +155,10 @@ BENCH = Bench(
                  _case((2, 4), "300+1+77+64", (300, 1, 77, 64), 1, "bounded")],
     make_inputs=make_inputs,
     impls={"tilela": _ours, "tilela_loop": functools.partial(_ours_plan, kernel="loop"),
-           **{f"tilela_dv{block}": functools.partial(_ours_plan, block_DV=block, split=None) for block in DV_BLOCKS},
-           "tilela_unsplit": functools.partial(_ours_plan, split=None, split_cases=True),
+           **{f"tilela_dv{block}": functools.partial(_ours_plan, block_DV=block, split=None, pipeline=None)
+              for block in DV_BLOCKS},
+           "tilela_unsplit": functools.partial(_ours_plan, split=None, only="split"),
+           "tilela_unpipelined": functools.partial(_ours_plan, pipeline=None, only="pipeline"),
            "fla": _fla},
     reference=_reference,
     cost=cost,

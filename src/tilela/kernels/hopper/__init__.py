@@ -86,8 +86,10 @@ def plan_call(q: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, beta: to
               sms: int | None = None, **options) -> Plan:
     """make_plan from a call's tensors (q, v, g, beta give dtypes and sizes; beta present means the delta rule) and
     host facts: gate kind, host sequence lengths, whether an initial state is read, whether final states are kept,
-    whether the call is varlen (cu_seqlens given). sms: v's device's SM count unless given. options: make_plan's."""
+    whether the call is varlen (cu_seqlens given), whether the current stream is capturing a CUDA graph. sms: v's
+    device's SM count unless given. options: make_plan's."""
     delta = beta is not None
+    options.setdefault("graph", v.is_cuda and torch.cuda.is_current_stream_capturing())
     dtype = DTYPE_NAMES.get(q.dtype, str(q.dtype))
     return make_plan(
         dtype=dtype, beta_dtype=(dtype if beta.dtype == q.dtype else "float32") if delta else None,

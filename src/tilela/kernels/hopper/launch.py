@@ -17,6 +17,8 @@ The pipeline (`forward`), as named stages over the [B, T, H, D] layout:
                                                                                    split: seq_split.py's transform,
                                                                                    launch_combine for its step 2,
                                                                                    launch_warmup for GDN's)
+With plan.pipeline, gla_factors and the state pass run range by range over the call's one sequence, a range's pass
+beside the next range's factors (seq_pipeline.py's transform, _pipelined).
 
 Before it, use_qk_l2norm_in_kernel normalises q and k (tilela.ops, plan.l2norm_covers): launch_l2norm (l2norm.py).
 
@@ -32,7 +34,7 @@ from typing import NamedTuple
 
 import torch
 
-from . import DTYPE_NAMES, seq_split
+from . import DTYPE_NAMES, seq_pipeline, seq_split
 from .chunk_fwd import chunk_fwd_kernel
 from .chunk_fwd_ws import chunk_fwd_ws_kernel
 from .common import TILE, pass_configs, target
@@ -185,16 +187,18 @@ def launch_factors(key: tuple, q: torch.Tensor, k: torch.Tensor, g: torch.Tensor
     return Qg, Kd, Kg, P, Ab, D
 
 
-def launch_state_pass(cfg, q, k, v, g, beta, A, h0, cu, N, kg=None, P=None, warm=None, order=None):
+def launch_state_pass(cfg, q, k, v, g, beta, A, h0, cu, N, kg=None, P=None, warm=None, order=None, o=None, ht=None):
     """One state/output launch of PassConfig cfg over N sequences: (o like v, final state [N, HV, K, V] fp32 or
-    None). Inputs a configuration does not read (g without a gate; beta and A for the plain update; kg and P but
-    after gla_factors, beta after gla_factors' Ab; warm but under the split's warm-up) and h0 without an initial
-    state are placeholders, as is order (the sequences' launch order, int32 [N]) for the batch order; o is allocated
-    (the launch contract fixes its shape) but, without the output group, not written."""
+    None), written into o and ht where they are given (contiguous views will do). Inputs a configuration does not
+    read (g without a gate; beta and A for the plain update; kg and P but after gla_factors, beta after gla_factors'
+    Ab; warm but under the split's warm-up) and h0 without an initial state are placeholders, as is order (the
+    sequences' launch order, int32 [N]) for the batch order; o is allocated (the launch contract fixes its shape)
+    but, without the output group, not written."""
     HV = v.shape[2]
     dev = v.device
-    o = torch.empty_like(v)
-    ht = torch.empty(N if cfg.store_final_state else 1, HV, cfg.K, cfg.V, dtype=torch.float32, device=dev)
+    o = torch.empty_like(v) if o is None else o
+    if ht is None:
+        ht = torch.empty(N if cfg.store_final_state else 1, HV, cfg.K, cfg.V, dtype=torch.float32, device=dev)
     ph = placeholder(dev, torch.float32)
     half = placeholder(dev, q.dtype)
     kernel = compiled(STATE_PASSES[cfg.kernel], *cfg.args, warp_specialized=True)
@@ -284,6 +288,9 @@ def forward(plan: Plan, q, k, v, g, beta, initial_state=None, cu_seqlens=None, *
         beta = beta.contiguous() if beta.dtype in (torch.float32, q.dtype) else beta.float().contiguous()
         if A is None and plan.kkt:
             A, g = launch_kkt(plan.kkt, k, beta, g, sched, gate_scale, gate_params)
+    h0 = None if initial_state is None else initial_state.float().contiguous()
+    if plan.pipeline is not None:
+        return _pipelined(plan, q, k, v, g, beta, h0, gate_params, gate_scale)
     kg = P = None
     if plan.factors:  # the state-independent factors first, in the q, k, g, kg and P slots (chunk_fwd_ws.py)
         # over the split's segments, the layout both its passes index D by (segments start at chunk boundaries)
@@ -294,13 +301,30 @@ def forward(plan: Plan, q, k, v, g, beta, initial_state=None, cu_seqlens=None, *
         beta = None  # in Ab
     elif g is not None:
         g = g.float()
-    h0 = None if initial_state is None else initial_state.float().contiguous()
     if plan.split is None:
         order = None if plan.order is None else device_table(list, plan.order, q.device)
         o, ht = launch_state_pass(plan.output, q, k, v, g, beta, A, h0, sched.cu, sched.N, kg, P, order=order)
     else:
         o, ht = _split(plan, q, k, v, g, beta, A, h0, kg, P)
     return (o if plan.output.store_output else None), ht
+
+
+def _pipelined(plan: Plan, q, k, v, g, beta, h0, gate_params, gate_scale):
+    """The token-range pipeline (seq_pipeline.pipeline_forward) over the plan's ranges of its one sequence ([1, T]
+    tensors, dense or varlen): gla_factors over each range's tiles, then the plan's passes (the first range's, then
+    the others') on its factors, dense over the range."""
+    cu = placeholder(q.device, torch.int32)
+
+    def factors(q, k, g, beta):
+        return launch_factors(plan.factors, q, k, g, beta, plan.output.scale, Schedule.of(q, None), gate_params,
+                              gate_scale)
+
+    def state_pass(r, made, v, h0, o, ht):
+        Qg, Kd, Kg, P, Ab, D = made
+        launch_state_pass(plan.passes[min(r, 1)], Qg, Kd, v, D, None, Ab, h0, cu, 1, Kg, P, o=o, ht=ht)
+
+    return seq_pipeline.pipeline_forward(factors, state_pass, q, k, v, g, beta, h0, plan.output_final_state,
+                                         plan.pipeline, seq_pipeline.pass_stream(v.device))
 
 
 def _split(plan: Plan, q, k, v, g, beta, A, h0, kg=None, P=None):

@@ -87,6 +87,20 @@ COMBINE_FP32_FLOPS = 30e12
 # (bytes read and written per second), fitted to the skewed batch's 33 us gather of 134 MB ("longest chains first,
 # kkt_solve sums GDN's gate, the combine over split sequences").
 STATE_COPY_BYTES_PER_S = 4.0e12
+# gla_factors (KDA's state-independent factors) per (chunk, value head) at K = 128 over the whole GPU, in us, by the
+# gate form it forms; K = 64 takes half. From "The token-range pipeline" in benchmarks/NOTES.md (1x32768 h8, 1x65536
+# h4/16 and 1x8192 h32 on the bench's inputs; the log form fed the same gate values).
+FACTORS_US = {"softplus": 0.075, "sigmoid": 0.060, "log": 0.062}
+# The token-range pipeline (pipeline_us): the first range's share candidates of the sequence's chunks, the counts of
+# equal ranges after it, and the factor by which it must beat the unpipelined call's model (it leaves out the extra
+# launches and the factors' share of bandwidth beside the pass).
+PIPELINE_FIRST = (1 / 8, 1 / 6, 1 / 4, 1 / 3, 1 / 2)
+PIPELINE_RANGES = (1, 2, 3, 4, 6)
+PIPELINE_MARGIN = 0.9
+# Each range past the first costs this much more, in us: fitted so that the model leaves unpipelined the 1x8192 h8 and
+# 1x65536 h4/16 rows, where no pipeline measured faster (the short ranges' factors run in a tail, and beside the pass
+# they slow its chain), and pipelines 1x32768 h8 (three ranges measured 1.08-1.19x faster).
+PIPELINE_RANGE_US = 40.0
 SEGMENT_CHUNKS = (8, 16, 32, 64, 128, 256)
 # Segments per sequence of the wave-sized candidates: the longest sequence cut into this many equal segments.
 SEGMENT_COUNTS = (2, 3, 4, 6, 8, 12, 16, 24, 32)
@@ -287,6 +301,56 @@ def launch_order(lengths, ctas: int, sms: int) -> tuple[int, ...] | None:
     return tuple(sorted(range(len(lengths)), key=lambda n: -lengths[n]))
 
 
+# ---- token-range pipeline ----------------------------------------------------------------------------------------
+def pipeline_us(ranges, heads: int, factors_us: float, period_us: float, free: float) -> float:
+    """Modelled time of the token-range pipeline over ranges (chunks per range, in order): the first range's factors
+    on the whole GPU, then each range's pass (period_us a chunk) once the pass before it and the range's factors are
+    done (PIPELINE_RANGE_US more for each range past the first), the later ranges' factors (factors_us per chunk and
+    value head on the whole GPU) running meanwhile on the `free` share of the SMs that the pass leaves."""
+    ready = pass_end = ranges[0] * heads * factors_us
+    for index, chunks in enumerate(ranges):
+        if index:
+            ready += chunks * heads * factors_us / free
+        pass_end = max(pass_end, ready) + chunks * period_us + (PIPELINE_RANGE_US if index else 0.0)
+    return pass_end
+
+
+def pipeline_bounds(chunks: int, first: int, count: int, length: int) -> tuple[int, ...]:
+    """Token boundaries (0, ..., length) of a first range of `first` chunks and `count` near-equal ranges of whole
+    chunks after it."""
+    rest = chunks - first
+    return (0, *(CHUNK * (first + rest * j // count) for j in range(count)), length)
+
+
+def auto_pipeline(lengths, heads: int, sms: int, K: int, gate_form: str, block_DV: int,
+                  blocks: tuple[int, ...]) -> tuple[tuple[int, ...], int] | None:
+    """(token boundaries, DV block) of KDA's token-range pipeline of least modelled time (pipeline_us over the
+    candidates PIPELINE_FIRST x PIPELINE_RANGES and those of the pass's DV blocks `blocks` whose CTAs, heads x V / DV
+    one an SM, leave SMs to the factors), if it beats the unpipelined call (gla_factors, then the pass at block_DV)
+    by PIPELINE_MARGIN; else None. One sequence only (the ranges are its pieces)."""
+    if len(lengths) != 1:
+        return None
+    chunks = math.ceil(lengths[0] / CHUNK)
+    factors_us = FACTORS_US[gate_form] * K / 128
+    unpipelined = chunks * heads * factors_us + chains_us(K, K, heads, Chains.of(lengths), block_DV, sms, True, "kda")
+    best, best_us = None, PIPELINE_MARGIN * unpipelined
+    for block in blocks:
+        ctas = heads * (K // block)
+        if ctas >= sms or ("kda", K // block, True) not in CHUNK_US:
+            continue
+        for share in PIPELINE_FIRST:
+            first = max(1, round(chunks * share))
+            for count in PIPELINE_RANGES:
+                if chunks - first < count:
+                    continue
+                bounds = pipeline_bounds(chunks, first, count, lengths[0])
+                ranges = [-(-(b - a) // CHUNK) for a, b in zip(bounds, bounds[1:])]
+                us = pipeline_us(ranges, heads, factors_us, CHUNK_US[("kda", K // block, True)], 1 - ctas / sms)
+                if us < best_us:
+                    best, best_us = (bounds, block), us
+    return best
+
+
 # ---- coverage ----------------------------------------------------------------------------------------------------
 def covers(dtype: str, K: int, V: int, gate: str, delta: bool) -> bool:
     """Whether the TileLang pipeline serves a call: bf16/fp16, K = V in {64, 128, 256}; the per-channel gate only up
@@ -377,6 +441,10 @@ class Plan:
     split        the SegmentPlan of the call's host lengths, or None
     order        the unsplit pass's launch order (launch_order: its sequences longest first), or None (batch order;
                  the split's passes take the segment table's)
+    pipeline     the token-range pipeline's boundaries (0, ..., T) over the call's one sequence, or None: gla_factors
+                 and the pass range by range, the pass of a range beside the factors of the next (passes: the first
+                 range's, then the others', dense, each handing its final state to the next); "auto" takes it only
+                 in a CUDA graph's capture (eagerly each range's launches cost more host time than it saves)
     combine      (K, V, transition, reads an initial state, reads the warm-up table) of seq_combine (the split's
                  step 2; transition: the gate kind under the plain update, "matrix" with the delta rule)
     The call's sizes (tokens, sequences, heads) are kept so launch.forward can check its inputs against the plan."""
@@ -399,6 +467,7 @@ class Plan:
     split: SegmentPlan | None
     combine: tuple | None
     order: tuple[int, ...] | None
+    pipeline: tuple[int, ...] | None = None
 
     @property
     def output(self) -> PassConfig:
@@ -416,7 +485,9 @@ def kkt_key(chunk: int, method: str, dtype: str, gate: str, group: int, gate_in:
 def make_plan(*, lengths, **facts) -> Plan:
     """The plan of one call the pipeline covers (`covers`; the caller checks it first); cached per call facts, so a
     repeated call shape costs one dictionary lookup on the host (the split's cost model alone takes ~0.2 ms).
-    Arguments: those of _plan, lengths any iterable of ints."""
+    Arguments: those of _plan, lengths and a given pipeline's boundaries any iterables of ints."""
+    if facts.get("pipeline", "auto") not in ("auto", None):
+        facts["pipeline"] = tuple(int(b) for b in facts["pipeline"])
     return _plan(lengths=tuple(int(n) for n in lengths), **facts)
 
 
@@ -424,7 +495,8 @@ def make_plan(*, lengths, **facts) -> Plan:
 def _plan(*, dtype: str, beta_dtype: str | None, gate_dtype: str | None, gate: str, delta: bool, H: int, HV: int,
           K: int, V: int, lengths: tuple[int, ...], tokens: int, varlen: bool, scale: float, initial_state: bool,
           output_final_state: bool, sms: int, g_input: str = "raw", gate_form: str = "log", kernel: str = "auto",
-          block_DV: int | None = None, split="auto", outputs: bool = True) -> Plan:
+          block_DV: int | None = None, split="auto", outputs: bool = True, pipeline="auto",
+          graph: bool = False) -> Plan:
     """make_plan's decisions.
 
     dtype: q/k/v's ("bfloat16" / "float16"); beta_dtype: beta's as the state pass reads it ("float32" or dtype; None
@@ -439,6 +511,9 @@ def _plan(*, dtype: str, beta_dtype: str | None, gate_dtype: str | None, gate: s
     channel decays by more than e^-80 within 16 tokens.
     block_DV: the unsplit ws pass's DV block (one of dv_blocks(K, gate, delta)), default from the cost model.
     split: "auto" (auto_split), None (never) or a SegmentPlan of exactly these lengths.
+    pipeline: "auto" (auto_pipeline, in a graph's capture where the plan has gla_factors and no split), None (never)
+    or the token boundaries (0, ..., T) of the ranges over the call's one sequence, interior ones at chunk boundaries.
+    graph: the call is being captured into a CUDA graph (its launches cost no host time when it replays).
     outputs=False: the state alone (ws pass without its output group; o is not written)."""
     if g_input not in ("raw", "cumsum"):
         raise ValueError(f"g_input: expected 'raw' or 'cumsum', got {g_input!r}")
@@ -496,7 +571,21 @@ def _plan(*, dtype: str, beta_dtype: str | None, gate_dtype: str | None, gate: s
                           varlen_pass, h0, ht, tiles)
 
     order = None
-    if split is None:
+    if pipeline == "auto":
+        pipeline = None
+        if graph and factors and delta and split is None and outputs:
+            chosen = auto_pipeline(lengths, HV, sms, K, gate_form if gate_in else "log",
+                                   state_pass(V, Chains.of(lengths), varlen, initial_state, output_final_state,
+                                              True, block_DV).block_DV,
+                                   dv_blocks(K, gate, delta) if block_DV is None else (block_DV,))
+            pipeline, block_DV = chosen if chosen else (None, block_DV)
+    elif pipeline is not None:
+        _check_pipeline(pipeline, lengths, factors is not None and split is None and outputs)
+    if pipeline is not None:
+        first = state_pass(V, Chains.of(lengths), False, initial_state, True, True, block_DV)
+        passes = (first, state_pass(V, Chains.of(lengths), False, True, True, True, first.block_DV))
+        combine = None
+    elif split is None:
         passes = (state_pass(V, Chains.of(lengths), varlen, initial_state, output_final_state, outputs, block_DV),)
         combine = None
         order = launch_order(lengths, HV * (V // passes[0].block_DV), sms) if varlen else None
@@ -512,4 +601,19 @@ def _plan(*, dtype: str, beta_dtype: str | None, gate_dtype: str | None, gate: s
         passes = (transitions, state_pass(V, warmed, True, True, delta and output_final_state, True, warmup=warmup))
         combine = (K, V, "matrix", initial_state, warmup) if delta else (K, V, gate, initial_state, False)
     return Plan(gate, delta, dtype, int(tokens), lengths, H, HV, K, V, bool(initial_state), bool(output_final_state),
-                cumsum, kkt, factors, passes, split, combine, order)
+                cumsum, kkt, factors, passes, split, combine, order, pipeline)
+
+
+def _check_pipeline(bounds, lengths: tuple[int, ...], runs_factors: bool) -> None:
+    """A given pipeline: token boundaries (0, ..., T) of one sequence, interior ones at chunk boundaries, on a plan
+    with gla_factors, no split and outputs."""
+    if not runs_factors or len(lengths) != 1:
+        raise ValueError(f"pipeline: the token-range pipeline runs gla_factors' plans (per-channel gate, warp-"
+                         f"specialised pass) of one sequence without a split, with outputs; got {len(lengths)} "
+                         f"sequences, gla_factors and no split: {runs_factors}")
+    bounds = tuple(bounds)
+    inner = bounds[1:-1]
+    if (len(bounds) < 2 or bounds[0] != 0 or bounds[-1] != lengths[0] or any(b % CHUNK for b in inner)
+            or any(a >= b for a, b in zip(bounds, bounds[1:]))):
+        raise ValueError(f"pipeline: increasing token boundaries from 0 to the sequence's {lengths[0]} tokens, the "
+                         f"inner ones multiples of {CHUNK}, got {bounds}")
