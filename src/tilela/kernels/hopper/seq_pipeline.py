@@ -39,7 +39,8 @@ def pipeline_forward(factors, state_pass, q, k, v, g, beta, initial_state, outpu
     factors(q_r, k_r, g_r, beta_r) -> the range's pass inputs (any tuple), on the current stream;
     state_pass(r, inputs, v_r, h0, o_r, ht) writes o_r (a view of o) and the range's final state into ht [1, HV, K,
     V] (fp32; float64 for float64 inputs) from h0 (the entering state, None at the start of a sequence without an
-    initial state); r the range's index. stream: where the passes run (pass_stream on a GPU), or None: every stage in order on the current one."""
+    initial state); r the range's index. stream: where the passes run (pass_stream on a GPU), or None: every stage
+    in order on the current one."""
     K, HV, V = k.shape[-1], v.shape[2], v.shape[3]
     o = torch.empty_like(v)
     state = torch.promote_types(v.dtype, torch.float32)
