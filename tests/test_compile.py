@@ -73,8 +73,8 @@ def test_compiles_for_sm90a(compiled, case):
         assert "*(uint4*)(x + " in source and "*(uint4*)(y + " in source
     if case[0] == "seq_combine":
         K, _, transition, *_ = case[1]
-        if transition == "matrix":  # thread r reads row r of M_j in shared memory, rows padded to K + 1 floats
-            assert f"(((int)threadIdx.x) * {K + 1}) + k)]" in source
+        if transition == "matrix":  # M_j one step ahead (cp.async); thread r reads its row, padded to K + 4 floats
+            assert "cp_async_wait<1>" in source and f"(((int)threadIdx.x) * {K + 4})) + (k4 * 4))" in source
         else:  # the transitions' states arrive through the cp.async pipeline
             assert "cp_async" in source
     if case[0] == "warmup":  # one barrier finds an unbounded segment of the (sequence, head)

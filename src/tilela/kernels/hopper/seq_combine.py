@@ -25,9 +25,10 @@ delta rule (transition "matrix"): the transitions' pass gives [B_j | M_j] (K x (
 Under GDN's warm-up a (sequence, head) the table warms up (warm[0] >= 0 at its first segment) needs its first
 segment's row alone: its CTAs stop there. Grid (V / COLUMNS, M, HV) over the M sequences cut into more than one
 segment (the segment table's split; a sequence in one segment is its initial state, which the launcher copies),
-K threads: thread r owns row r of COLUMNS columns of the state; per step the CTA stages M_j in shared memory (rows
-padded by one float, so the threads' rows fall in distinct banks) and the state's columns, and a thread forms its
-row's COLUMNS sums over K.
+K threads: thread r owns row r of COLUMNS columns of the state; the CTA stages M_j in shared memory (rows padded by
+VEC floats, so that the threads' 16-byte reads of their rows fall in distinct banks) one step ahead through
+cp.async (M_j does not depend on the state; B_j comes ahead into registers too), keeps the state's columns there,
+and a thread forms its row's COLUMNS sums over K per step.
 """
 
 import tilelang.language as T
@@ -37,7 +38,8 @@ from .common import TILE, exp_e
 ROWS = 16  # state rows per CTA: K / 16 CTAs per sequence and value head
 THREADS = 128
 UNROLL = 16  # chunk-end loads in flight per thread
-COLUMNS = 16  # state columns per CTA of the delta rule's combine
+COLUMNS = 8  # state columns per CTA of the delta rule's combine
+VEC = 4  # M_j's row elements a thread reads at once (16 bytes; rows padded by VEC floats)
 TRANSITIONS = ("none", "scalar", "matrix")
 
 
@@ -129,9 +131,11 @@ def _matrix_combine(K: int, V: int, use_initial_state: bool, warmup: bool) -> T.
         with T.Kernel(V // COLUMNS, M, HV, threads=K) as (bv, bm, bh):
             bn = split[bm]
             c0 = bv * COLUMNS
-            M_s = T.alloc_shared((K, K + 1), accum)
+            M_s = T.alloc_shared((2, K, K + VEC), accum)
             S_s = T.alloc_shared((K, COLUMNS), accum)
             acc = T.alloc_local((COLUMNS,), accum)
+            m = T.alloc_local((VEC,), accum)
+            Bn = T.alloc_local((COLUMNS,), accum)  # B of the step ahead
             r = T.get_thread_binding()
             j0 = first[bn]
             count = first[bn + 1] - j0
@@ -139,15 +143,27 @@ def _matrix_combine(K: int, V: int, use_initial_state: bool, warmup: bool) -> T.
                 S_s[r, c] = h0[bn, bh, r, c0 + c] if use_initial_state else 0.0
                 S_in[j0, bh, r, c0 + c] = S_s[r, c]
             steps = T.if_then_else(warm[0, j0, bh] < 0, count - 1, 0) if warmup else count - 1
-            for j in T.serial(steps):
-                for i, k in T.Parallel(K, K):
-                    M_s[i, k] = BM[j0 + j, bh, i, V + k]
+            if steps > 0:
+                T.async_copy(BM[j0, bh, :, V : V + K], M_s[0, :, 0:K])
                 for c in T.unroll(COLUMNS):
-                    acc[c] = BM[j0 + j, bh, r, c0 + c]
-                T.sync_threads()
-                for k in T.serial(K):
+                    Bn[c] = BM[j0, bh, r, c0 + c]
+            for j in T.serial(steps):
+                for c in T.unroll(COLUMNS):
+                    acc[c] = Bn[c]
+                if j + 1 < steps:  # the next step's M and B in flight while this one's products run
+                    T.async_copy(BM[j0 + j + 1, bh, :, V : V + K], M_s[(j + 1) % 2, :, 0:K])
                     for c in T.unroll(COLUMNS):
-                        acc[c] += M_s[r, k] * S_s[k, c]
+                        Bn[c] = BM[j0 + j + 1, bh, r, c0 + c]
+                    T.ptx_wait_group(1)
+                else:
+                    T.ptx_wait_group(0)
+                T.sync_threads()
+                for k4 in T.serial(K // VEC):
+                    for kk in T.vectorized(VEC):
+                        m[kk] = M_s[j % 2, r, k4 * VEC + kk]
+                    for kk in T.unroll(VEC):
+                        for c in T.unroll(COLUMNS):
+                            acc[c] += m[kk] * S_s[k4 * VEC + kk, c]
                 T.sync_threads()
                 for c in T.unroll(COLUMNS):
                     S_s[r, c] = acc[c]
