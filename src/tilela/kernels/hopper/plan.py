@@ -467,7 +467,7 @@ class Plan:
     split: SegmentPlan | None
     combine: tuple | None
     order: tuple[int, ...] | None
-    pipeline: tuple[int, ...] | None = None
+    pipeline: tuple[int, ...] | None
 
     @property
     def output(self) -> PassConfig:
@@ -575,12 +575,11 @@ def _plan(*, dtype: str, beta_dtype: str | None, gate_dtype: str | None, gate: s
         pipeline = None
         if graph and factors and delta and split is None and outputs:
             chosen = auto_pipeline(lengths, HV, sms, K, gate_form if gate_in else "log",
-                                   state_pass(V, Chains.of(lengths), varlen, initial_state, output_final_state,
-                                              True, block_DV).block_DV,
+                                   block_DV or default_block_DV(K, V, HV, sms, True, rule, Chains.of(lengths)),
                                    dv_blocks(K, gate, delta) if block_DV is None else (block_DV,))
             pipeline, block_DV = chosen if chosen else (None, block_DV)
     elif pipeline is not None:
-        _check_pipeline(pipeline, lengths, factors is not None and split is None and outputs)
+        _check_pipeline(pipeline, lengths, factors is not None and delta and split is None and outputs)
     if pipeline is not None:
         first = state_pass(V, Chains.of(lengths), False, initial_state, True, True, block_DV)
         passes = (first, state_pass(V, Chains.of(lengths), False, True, True, True, first.block_DV))
@@ -604,14 +603,13 @@ def _plan(*, dtype: str, beta_dtype: str | None, gate_dtype: str | None, gate: s
                 cumsum, kkt, factors, passes, split, combine, order, pipeline)
 
 
-def _check_pipeline(bounds, lengths: tuple[int, ...], runs_factors: bool) -> None:
+def _check_pipeline(bounds: tuple[int, ...], lengths: tuple[int, ...], runs_factors: bool) -> None:
     """A given pipeline: token boundaries (0, ..., T) of one sequence, interior ones at chunk boundaries, on a plan
-    with gla_factors, no split and outputs."""
+    with gla_factors and the delta rule (KDA's), no split and outputs."""
     if not runs_factors or len(lengths) != 1:
         raise ValueError(f"pipeline: the token-range pipeline runs gla_factors' plans (per-channel gate, warp-"
                          f"specialised pass) of one sequence without a split, with outputs; got {len(lengths)} "
-                         f"sequences, gla_factors and no split: {runs_factors}")
-    bounds = tuple(bounds)
+                         f"sequences, gla_factors with the delta rule and no split: {runs_factors}")
     inner = bounds[1:-1]
     if (len(bounds) < 2 or bounds[0] != 0 or bounds[-1] != lengths[0] or any(b % CHUNK for b in inner)
             or any(a >= b for a, b in zip(bounds, bounds[1:]))):
