@@ -56,6 +56,7 @@ VEC = 4  # key channels of a thread (one 8-byte bf16 access a row)
 SUB = 4  # rows of a run landed in registers at once
 FACTOR_LIMIT = 80.0  # a calm channel's operand factors stay within e^+-80: it decays by at most e^-160 over the tile
 NWB = 8  # wild channels staged at a time
+ROW_VEC = 8  # entries of a P or Ab row a thread stores at once (16 bytes)
 
 
 def gla_factors_kernel(K: int, dtype: str, gate_in: tuple | None, delta: bool = False) -> T.PrimFunc:
@@ -117,15 +118,19 @@ def gla_factors_kernel(K: int, dtype: str, gate_in: tuple | None, delta: bool = 
                         KK[i, j] += Kw_s[w, i] * f
 
     @T.macro
-    def store_rows(out_s, dst, start, rows, hv, column_scale=None):
+    def store_rows(out_s, dst, start, rows, hv, tx, xs, column_scale=None):
         """dst's rows of the tile before the sequence end from the staging out_s[:, 0, :] (column j times
-        column_scale[j] where given): whole rows."""
-        for i, j in T.Parallel(C, C):
-            if i < rows:
+        column_scale[j] where given): thread tx stores ROW_VEC columns from ROW_VEC (tx % (C / ROW_VEC)) of every
+        (THREADS ROW_VEC / C)-th row, each through xs (ROW_VEC elements) as one 16-byte store."""
+        for r in T.unroll(C * C // (ROW_VEC * THREADS)):
+            i = r * (THREADS * ROW_VEC // C) + tx // (C // ROW_VEC)
+            j0 = tx % (C // ROW_VEC) * ROW_VEC
+            for v in T.vectorized(ROW_VEC):
                 if column_scale is None:
-                    dst[0, start + i, hv, j] = out_s[i, 0, j]
+                    xs[v] = out_s[i, 0, j0 + v]
                 else:
-                    dst[0, start + i, hv, j] = out_s[i, 0, j] * column_scale[j]
+                    xs[v] = out_s[i, 0, j0 + v] * column_scale[j0 + v]
+            T.stg128(dst[0, start + i, hv, j0 : j0 + ROW_VEC], T.view(xs, (1,), "uint32x4")[0], pred=i < rows)
 
     @T.macro
     def land_rows(Q_s, Kr_s, row0, d0, qv, kv):
@@ -139,9 +144,9 @@ def gla_factors_kernel(K: int, dtype: str, gate_in: tuple | None, delta: bool = 
 
     @T.macro
     def store_row(x, dst, row, d0, start, hv):
-        """dst[row] <- x at key channels [d0, d0 + VEC): one vector store."""
-        for v in T.vectorized(VEC):
-            dst[0, start + row, hv, d0 + v] = x[v]
+        """dst[row] <- x at key channels [d0, d0 + VEC): one 8-byte store (an explicit one: nvcc splits the vector
+        copy from a local array into two 4-byte stores)."""
+        T.stg64(dst[0, start + row, hv, d0 : d0 + VEC], T.view(x, (1,), "uint32x2")[0])
 
     @T.macro
     def form_rows(Q_s, Kr_s, Kq_s, gl, last, half, wild, qv, kv, xq, xr, xk, xg, xd, xh, r0, d0, start, rows, hv, Qg,
@@ -231,6 +236,7 @@ def gla_factors_kernel(K: int, dtype: str, gate_in: tuple | None, delta: bool = 
                 xg = T.alloc_local((VEC,), dtype)  # a row's Qg, Kd, Kg
                 xd = T.alloc_local((VEC,), dtype)
                 xh = T.alloc_local((VEC,), dtype)
+                xs = T.alloc_local((ROW_VEC,), dtype)  # a row's ROW_VEC entries of P or Ab
                 P_f = T.alloc_fragment((C, C), accum)
                 Kq_s = KK = None
                 if delta:
@@ -276,11 +282,11 @@ def gla_factors_kernel(K: int, dtype: str, gate_in: tuple | None, delta: bool = 
                     unit_lower_rows(KK, rows, beta_s, inv.Xd, inv.Lo, inv.M10)
                 for i, j in T.Parallel(C, C):  # whole rows through the key operand's memory, dead now
                     out_s[i, 0, j] = T.if_then_else(j <= i, P_f[i, j] * scale, 0)
-                store_rows(out_s, P, start, rows, hv)
+                store_rows(out_s, P, start, rows, hv, tx, xs)
 
                 if delta:
                     invert(inv.Xd, inv.Lo, inv.M10, inv.X00, inv.X11, inv.F32, inv.T16, inv.row, inv.Q_a, inv.Q_b,
                            inv.X_a, inv.F, out_s, tx)
-                    store_rows(out_s, Ab, start, rows, hv, beta_s)
+                    store_rows(out_s, Ab, start, rows, hv, tx, xs, beta_s)
 
     return gla_factors
