@@ -26,6 +26,7 @@ correctness check too: one line per call, exit status 1 on a mismatch or an exce
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 import traceback
@@ -159,7 +160,7 @@ def jobs(ep, dtypes: list[str]) -> list[tuple[str, str, object]]:
                 gc = tilela.chunk_local_cumsum(g.cuda(), C, x["cu"].cuda(), cu_seqlens_cpu=x["cu"])
                 return (rel_l2(gc, reference.chunk_local_cumsum(g, C, x["cu"])),)
             raw = x["g_channel"].to(getattr(torch, g_dtype)) * 8  # FLA's in-kernel gate input, [B, T, HV, K]
-            params = torch.stack((torch.full(raw.shape[2:], 4.0), torch.full(raw.shape[2:], -3.0)))
+            params = torch.stack((torch.full(raw.shape[2:], math.log(4.0)), torch.full(raw.shape[2:], -3.0)))
             lower = -5.0 if form == "sigmoid" else None
             gc = ep.cumsum_in_kernel_gate((C, g_dtype, form), raw.cuda(), params.cuda(), lower, x["cu"].cuda())
             return (rel_l2(gc, reference.chunk_local_cumsum(apply_gate(raw.double(), form, params.double(), lower),
@@ -194,7 +195,7 @@ def jobs(ep, dtypes: list[str]) -> list[tuple[str, str, object]]:
                 raw = (g if form == "log" else g * 8).to(getattr(torch, gate_in[0]))
                 # the softplus form about -40 per token: every channel wild (gla_factors' term-by-term scores)
                 a, b = (16.0, 3.0) if form == "softplus" else (4.0, -3.0)
-                params = torch.stack((torch.full(raw.shape[2:], a), torch.full(raw.shape[2:], b)))
+                params = torch.stack((torch.full(raw.shape[2:], math.log(a)), torch.full(raw.shape[2:], b)))
                 lower = -5.0 if form == "sigmoid" else None
                 g = apply_gate(raw.double(), form, params.double(), lower)
             gc = reference.chunk_local_cumsum(g, 64, x["cu"])

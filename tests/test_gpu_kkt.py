@@ -165,14 +165,14 @@ def test_gla_factors_A_from_the_raw_gate(g_dtype, form, dtype, K):
         g = raw.double()
     elif form == "sigmoid":
         raw = (4 * torch.randn(B, T, HV, K, generator=gen)).to(g_dtype)
-        params = torch.stack((torch.rand(HV, K, generator=gen) + 0.5, torch.randn(HV, K, generator=gen)))
+        params = torch.stack(((torch.rand(HV, K, generator=gen) + 0.5).log(), torch.randn(HV, K, generator=gen)))
         lower = -5.0
         g = apply_gate(raw.double(), form, params.double(), lower)
     else:
         raw = 4 * torch.randn(B, T, HV, K, generator=gen)
         raw[:, torch.arange(T) // 16 % 2 == 0] -= 16  # softplus(~-16) ~ 0: these tokens barely decay
         raw = raw.to(g_dtype)
-        params = torch.stack((torch.rand(HV, K, generator=gen) * 15 + 1, torch.randn(HV, K, generator=gen)))
+        params = torch.stack(((torch.rand(HV, K, generator=gen) * 15 + 1).log(), torch.randn(HV, K, generator=gen)))
         g = apply_gate(raw.double(), form, params.double(), None)
     key = (K, hopper.DTYPE_NAMES[dtype], (hopper.DTYPE_NAMES[g_dtype], form), True)
     k_dev = k.to(DEV)
@@ -208,7 +208,7 @@ def test_kkt_solve_sums_the_scalar_gate(g_dtype, form, heads):
         g = raw.to(g_dtype).double()
     else:
         raw = 4 * torch.randn(B, T, HV, generator=gen)
-        params = torch.stack((torch.rand(HV, generator=gen) * 15 + 1, torch.randn(HV, generator=gen)))
+        params = torch.stack(((torch.rand(HV, generator=gen) * 15 + 1).log(), torch.randn(HV, generator=gen)))
         g = apply_gate(raw.to(g_dtype).double(), form, params.double(), None)
     raw = raw.to(g_dtype)
     k_dev, cu_dev = k.to(DEV), cu.to(DEV)

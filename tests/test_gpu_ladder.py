@@ -159,11 +159,11 @@ def test_gla_factors_match_reference(case, gate_in, delta):
         gen = torch.Generator().manual_seed(2)
         g_in = 4 * torch.randn(B, T, HV, K, generator=gen)
         if gate_in[1] == "sigmoid":
-            params = torch.stack((torch.rand(HV, K, generator=gen) + 0.5, torch.randn(HV, K, generator=gen)))
+            params = torch.stack(((torch.rand(HV, K, generator=gen) + 0.5).log(), torch.randn(HV, K, generator=gen)))
             lower = -5.0
         else:
             g_in[:, torch.arange(T) // 16 % 2 == 0] -= 16  # softplus(~-16) ~ 0: these tokens barely decay
-            params = torch.stack((torch.rand(HV, K, generator=gen) * 15 + 1, torch.randn(HV, K, generator=gen)))
+            params = torch.stack(((torch.rand(HV, K, generator=gen) * 15 + 1).log(), torch.randn(HV, K, generator=gen)))
         g_in = g_in.to(torch.bfloat16)
         g = apply_gate(g_in.double(), gate_in[1], params.double(), lower)
     gc = reference.chunk_local_cumsum(g, 64, cu_seqlens=None if cu is None else torch.tensor(cu))

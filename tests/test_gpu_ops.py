@@ -257,7 +257,7 @@ def test_cumsum_stage_forms_the_in_kernel_gate(form, columns, dtype):
     raw = raw.to(dtype)
     a = torch.empty(columns[0]).uniform_(1, 16, generator=gen).view(-1, *(1,) * (len(columns) - 1)).expand(columns)
     dt = torch.empty(columns).uniform_(math.log(1e-3), math.log(0.1), generator=gen).exp()
-    params, lower = torch.stack((a, dt + torch.log(-torch.expm1(-dt)))), (-5.0 if form == "sigmoid" else None)
+    params, lower = torch.stack((a.log(), dt + torch.log(-torch.expm1(-dt)))), (-5.0 if form == "sigmoid" else None)
     sched = launch.Schedule.of(raw.cuda(), cu.cuda())
     gc = launch.launch_cumsum((64, {torch.bfloat16: "bfloat16", torch.float32: "float32"}[dtype], form), raw.cuda(),
                               sched, lower, params.cuda())

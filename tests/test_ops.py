@@ -162,7 +162,7 @@ def test_kda_takes_the_hopper_kernels_for_every_gate(fake_hopper):
 
 def test_in_kernel_gates_reach_the_gate_stages_raw(monkeypatch):
     """GDN's and KDA's in-kernel gate reach the Hopper pipeline as FLA's raw input: the plan's stage that sums the
-    gate forms the log gate (tilela._gates.apply_gate: its form, (exp(A_log), dt_bias) per gate column, KDA's lower
+    gate forms the log gate (tilela._gates.apply_gate: its form, (A_log, dt_bias) per gate column, KDA's lower
     bound): GDN's cumsum stage, KDA's gla_factors (no cumsum stage, no kkt_solve); eagerly and through the custom
     op."""
     from types import SimpleNamespace

@@ -29,8 +29,9 @@ gate; ``apply_gate`` forms the log gate from it, per gate column (value head, an
     form "softplus":  g = -a softplus(x + b)
     form "sigmoid":   g = lower_bound sigmoid(a (x + b))          (KDA with lower_bound)
 
-with params = (a, b) stacked in front of the gate's column shape: a = exp(A_log), b = dt_bias (1 and 0 where not
-given). The Hopper kernels apply it where they sum the gate (kernels/hopper/cumsum.py; gla_factors through
+with params = (A_log, b) stacked in front of the gate's column shape: a = exp(A_log), b = dt_bias (A_log = 0 and
+b = 0 where not given). The stack holds A_log, not a, so a call launches no exp of its own: the Hopper kernels form
+a where they read the params, and apply the gate where they sum it (kernels/hopper/cumsum.py; gla_factors through
 common.gate_column); every other path, autograd's recompute included, applies it here first.
 """
 
@@ -53,7 +54,7 @@ GATE_FORMS = ("log", "softplus", "sigmoid")  # "log": g is the log gate itself
 
 
 class InKernelGate(NamedTuple):
-    """How the op's g gives the log gate (``apply_gate``): the form, params = (exp(A_log), dt_bias) stacked in front
+    """How the op's g gives the log gate (``apply_gate``): the form, params = (A_log, dt_bias) stacked in front
     of the gate's columns, and the sigmoid form's lower bound; ``LOG_GATE`` when g is the log gate."""
 
     form: str
@@ -69,7 +70,8 @@ def apply_gate(x: torch.Tensor, form: str, params: torch.Tensor | None, lower_bo
     input x [B, T, HV] or [B, T, HV, K] and params [2, HV] or [2, HV, K] (float32 out; float64 stays)."""
     if form == "log":
         return x
-    a, b = params
+    log_a, b = params
+    a = log_a.exp()
     if form == "softplus":
         return -a * F.softplus(x + b)
     if form == "sigmoid":

@@ -332,7 +332,7 @@ def check_gate_input(form, params, lower_bound, g) -> None:
     _expect_dtype("gate_params", params, FLOAT_DTYPES)
     want = [2, *g.shape[2:]]
     if list(params.shape) != want:
-        raise ValueError(f"gate_params: expected shape {want} ((exp(A_log), dt_bias) per gate column of g "
+        raise ValueError(f"gate_params: expected shape {want} ((A_log, dt_bias) per gate column of g "
                          f"{_shape(g)}), got {_shape(params)}")
     if params.device != g.device:
         raise ValueError(f"gate_params: expected g's device {g.device}, got {params.device}")

@@ -234,19 +234,19 @@ def _state_out(result, state_v_first: bool):
 def in_kernel_gate(g: torch.Tensor, A_log, dt_bias, lower_bound: float | None) -> InKernelGate:
     """FLA's in-kernel gate on g [B, T, HV] (GDN) or [B, T, HV, K] (KDA): -exp(A_log) softplus(g + dt_bias), or with
     lower_bound lower_bound sigmoid(exp(A_log) (g + dt_bias)) (A_log optional there). A_log [HV], dt_bias [HV] or
-    [HV * K] (optional); params in float32 (float64 stays)."""
+    [HV * K] (optional); params (A_log, dt_bias) per gate column (tilela._gates) in float32 (float64 stays)."""
     columns = tuple(g.shape[2:])
     meaning = "[HV]" if len(columns) == 1 else "[HV * K]"
     for name, x in (("A_log", A_log), ("dt_bias", dt_bias)):
         if isinstance(x, torch.Tensor) and x.device != g.device:
             raise ValueError(f"{name}: expected g's device {g.device}, got {x.device}")
-    a = None if A_log is None else _heads_param("A_log", A_log, columns[:1] + (1,) * (len(columns) - 1), "[HV]").exp()
+    log_a = None if A_log is None else _heads_param("A_log", A_log, columns[:1] + (1,) * (len(columns) - 1), "[HV]")
     b = None if dt_bias is None else _heads_param("dt_bias", dt_bias, columns, meaning)
-    like = a if a is not None else b
+    like = log_a if log_a is not None else b
     dtype = torch.float32 if like is None else like.dtype
-    a = g.new_ones((1,) * len(columns), dtype=dtype) if a is None else a
+    log_a = g.new_zeros((1,) * len(columns), dtype=dtype) if log_a is None else log_a
     b = g.new_zeros((1,) * len(columns), dtype=dtype) if b is None else b
-    params = torch.stack((a.expand(columns), b.expand(columns)))
+    params = torch.stack((log_a.expand(columns), b.expand(columns)))
     return InKernelGate("softplus" if lower_bound is None else "sigmoid", params, lower_bound)
 
 

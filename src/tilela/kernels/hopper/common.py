@@ -62,7 +62,8 @@ def log1p_of_exp(y):
 
 
 def log_gate(x, a, b, form: str):
-    """The log gate of one gate column from g's value x (float32) and the column's (a, b) (tilela._gates):
+    """The log gate of one gate column from g's value x (float32) and the column's (a, b), a = exp(A_log) as the
+    callers form it from the params' log a (tilela._gates):
         "log" x,   "softplus" -a softplus(x + b),   "sigmoid" sigmoid(a (x + b))
     (the sigmoid form's lower bound is the caller's scale on the sum). softplus(y) = max(y, 0) + log1p(exp(-|y|)):
     no overflow for large y."""
@@ -98,7 +99,7 @@ def gate_column(g, params, scale, start, end, hv, width, gl, part_s, form):
     the run of RUN rows from r0 = RUN (tx // (width / VEC)) (so RUN = TILE width / (VEC THREADS)); rows past the
     sequence end hold its last row's gc.
     form None: g [1, T, HV, width] is gc already (float32). Else g is the raw gate input of that form (log_gate;
-    params [2, HV * width] its (a, b) per column hv * width + d, scale the factor on the sum, the sigmoid form's
+    params [2, HV * width] its (log a, b) per column hv * width + d, scale the factor on the sum, the sigmoid form's
     lower bound): a run's loads all in flight (VEC channels a load), then formed and floored (floored_log_gate)
     and summed; a run after the first adds the totals of the runs before it (part_s: [runs, width] float32
     shared)."""
@@ -116,6 +117,8 @@ def gate_column(g, params, scale, start, end, hv, width, gl, part_s, form):
         for s in T.unroll(2):
             for v in T.unroll(vec):
                 ab[s, v] = params[s, hv * width + d0 + v] if form != "log" else 0.0
+        for v in T.unroll(vec):
+            ab[0, v] = exp_e(ab[0, v])
         for i in T.unroll(run):
             for v in T.vectorized(vec):
                 gl[i, v] = T.if_then_else(start + r0 + i < end, T.cast(g[0, start + r0 + i, hv, d0 + v], "float32"), 0.0)

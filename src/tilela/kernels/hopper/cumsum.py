@@ -24,15 +24,15 @@ from the sequence start.
 import tilelang.language as T
 
 from ..._gates import GATE_FORMS
-from .common import TILE, floored_log_gate, locate_tile
+from .common import TILE, exp_e, floored_log_gate, locate_tile
 
 COLUMNS = 128  # columns (threads) per CTA
 
 
 def chunk_local_cumsum_kernel(chunk: int, dtype: str, form: str = "log") -> T.PrimFunc:
     """Build the prim_func for static (chunk, input dtype, gate form); tokens, columns and sequences are symbolic.
-    params [2, W] holds (a, b) per column for the softplus and sigmoid forms; the log form reads none of it (a
-    [2, 1] placeholder)."""
+    params [2, W] holds (log a, b) per column for the softplus and sigmoid forms (tilela._gates: A_log and dt_bias;
+    a = exp(A_log) formed here); the log form reads none of it (a [2, 1] placeholder)."""
     if form not in GATE_FORMS:
         raise ValueError(f"form: expected one of {GATE_FORMS}, got {form!r}")
     num_tokens, W, num_bounds = T.dynamic("num_tokens"), T.dynamic("W"), T.dynamic("num_bounds")
@@ -66,7 +66,7 @@ def chunk_local_cumsum_kernel(chunk: int, dtype: str, form: str = "log") -> T.Pr
                                                 T.cast(g[0, start + i, col0 + j], "float32"), 0.0)
                 acc = 0.0
                 if form != "log":
-                    a = T.if_then_else(col < num_params, params[0, col], 0.0)
+                    a = T.if_then_else(col < num_params, exp_e(params[0, col]), 0.0)
                     b = T.if_then_else(col < num_params, params[1, col], 0.0)
                 for i in T.unroll(TILE):  # rows past the sequence end add to acc after every stored row
                     if i % chunk == 0:

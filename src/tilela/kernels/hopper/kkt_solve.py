@@ -40,7 +40,7 @@ import tilelang
 import tilelang.language as T
 from tvm.script.ir_builder import IRBuilder
 
-from .common import LOG2E, TILE, channel_score_dtype, floored_log_gate, gate_tile, locate_tile
+from .common import LOG2E, TILE, channel_score_dtype, exp_e, floored_log_gate, gate_tile, locate_tile
 
 BLOCK = 16  # diagonal block size of the recursion
 KSTEP = 128  # K columns per GEMM step (one step for K <= 128)
@@ -186,7 +186,7 @@ def kkt_solve_kernel(chunk: int, method: str, dtype: str, gate: str, pair: int, 
     (scalar gate at chunk 64 only): None when g is the float32 chunk-local cumsum, else (g dtype, gate form) of the
     raw gate [1, T, HV], which the kernel sums itself (chunk_local_cumsum's stage, in the same order: one thread
     per value head walks the tile's rows) and writes to gc for the state pass, so no cumsum launch runs before it;
-    params [2, HV] its in-kernel gate's (a, b) per value head and gate_scale the factor on the sum (placeholders
+    params [2, HV] its in-kernel gate's (log a, b) per value head and gate_scale the factor on the sum (placeholders
     and 1 otherwise). Every size (tokens, heads, K, sequences) is symbolic, so a new T, head count or varlen
     layout reuses the compiled kernel."""
     C, P = chunk, pair
@@ -313,7 +313,7 @@ def kkt_solve_kernel(chunk: int, method: str, dtype: str, gate: str, pair: int, 
                             g_s[p, i] = T.if_then_else(live, g[0, start + i, hv0 + p] * LOG2E, 0.0)
                         elif scalar:  # the formed, floored gate; summed below
                             g_s[p, i] = T.if_then_else(live, floored_log_gate(
-                                T.cast(g[0, start + i, hv0 + p], ACC), params[0, T.min(hv0 + p, num_params - 1)],
+                                T.cast(g[0, start + i, hv0 + p], ACC), exp_e(params[0, T.min(hv0 + p, num_params - 1)]),
                                 params[1, T.min(hv0 + p, num_params - 1)], form), 0.0)
                     if gate_in is not None:
                         chunk_cumsum(g_s, gc, start, rows, hv0, G - grp * P, gate_scale, tx)
