@@ -75,9 +75,10 @@ CHUNK_US = {
 # The split's own cost by update rule (delta rule or not): a fixed cost (the table's copy, the combine launch, the gaps
 # between launches) and a cost per combine step (one batched product per segment index with the delta rule, a
 # pipelined multiply-add without); fitted in "The sequence split: measured, modelled, switched on" (delta rule) and
-# "the plain update's lean split, two output groups" (plain update).
+# "the plain update's lean split, two output groups" (plain update); the delta rule's step refitted to the matrix
+# combine one step ahead ("COMBINE_STEP_MS refit" there: 4.2 us a step).
 SPLIT_FIXED_MS = {True: 0.07, False: 0.015}
-COMBINE_STEP_MS = {True: 0.005, False: 0.0005}
+COMBINE_STEP_MS = {True: 0.0042, False: 0.0005}
 # The delta rule's combine (seq_combine.py, "matrix"): each step a K x K by K x V product per (sequence cut into
 # segments, value head) in fp32 on the CUDA cores; at many split sequences the products, not a step's latency,
 # decide. The FMA rate below is an estimate (half the H200's fp32 peak), not a fit.
