@@ -6,7 +6,7 @@ in-kernel gate input.
     f(x) = -a softplus(x + b)         form "softplus" (GDN's and KDA's in-kernel gate)
     f(x) = sigmoid(a (x + b))         form "sigmoid"  (KDA's bounded gate; scale = its lower bound)
 
-with (a, b) per column of the gate (tilela._gates.InKernelGate: a = exp(A_log) per value head, b = dt_bias);
+with (a, b) per column of the gate (tilela._gates.InKernelGate's params (A_log, b): a = exp(A_log), b = dt_bias);
 chunks of C from each sequence start; tilela._gates: the floor keeps the chunked forms exact where exp underflows,
 a NaN gate stays NaN.
 

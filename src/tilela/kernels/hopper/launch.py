@@ -75,8 +75,8 @@ def placeholder(device: torch.device, dtype: torch.dtype, shape: tuple[int, ...]
 
 def gate_args(device: torch.device, params: torch.Tensor | None, scale: float | None) -> tuple:
     """(params [2, gate columns] float32, scale) as the stages that form the log gate take them: FLA's in-kernel
-    gate's (a, b) per gate column (a placeholder for the log gate) and the factor on the sum (the sigmoid form's
-    lower bound; 1 otherwise)."""
+    gate's (A_log, dt_bias) per gate column (tilela._gates; a placeholder for the log gate) and the factor on the sum
+    (the sigmoid form's lower bound; 1 otherwise)."""
     params = placeholder(device, torch.float32, (2, 1)) if params is None else \
         params.to(torch.float32).reshape(2, -1).contiguous()
     return params, 1.0 if scale is None else float(scale)
@@ -115,8 +115,8 @@ def flat(x: torch.Tensor) -> torch.Tensor:
 def launch_cumsum(key: tuple, g: torch.Tensor, sched: Schedule, scale: float | None = None,
                   params: torch.Tensor | None = None) -> torch.Tensor:
     """gc: the chunk-local cumsum of g ([B,T,H] or [B,T,H,K]) in float32, times `scale` if given; key (chunk,
-    g dtype, gate form). For an in-kernel gate form, g is its input and params its (a, b) per gate column ([2, H] or
-    [2, H, K])."""
+    g dtype, gate form). For an in-kernel gate form, g is its input and params its (A_log, dt_bias) per gate column
+    ([2, H] or [2, H, K])."""
     gc = torch.empty(g.shape, device=g.device, dtype=torch.float32)
     if sched.num_slots == 0 or g.numel() == 0:
         return gc
@@ -143,8 +143,8 @@ def launch_kkt(key: tuple, k: torch.Tensor, beta: torch.Tensor, g: torch.Tensor 
     fp32 chunk-local cumsum gc; key (chunk, method, dtype, gate, value heads per pass, gate_in). gate_in None: g is
     gc already, the fp32 chunk-local cumsum of the scalar ([B,T,HV]) or per-channel ([B,T,HV,K]) gate, or None
     (ungated), and is returned as it is. gate_in (g dtype, gate form): g is the raw scalar gate [B,T,HV] of that
-    form (params its (a, b) per value head, gate_scale the factor on the sum), which the kernel sums into the gc it
-    returns."""
+    form (params its (A_log, dt_bias) per value head, gate_scale the factor on the sum), which the kernel sums into
+    the gc it returns."""
     B, Tn, H, K = k.shape
     HV, chunk, gate_in = beta.shape[2], key[0], key[5]
     A = torch.empty(B, Tn, HV, chunk, device=k.device, dtype=k.dtype)
@@ -269,10 +269,10 @@ def forward(plan: Plan, q, k, v, g, beta, initial_state=None, cu_seqlens=None, *
             gate_scale=None):
     """Run a plan: (o [B, T, HV, V] in q's dtype, final state [N, HV, K, V] fp32 or None; o None when the plan keeps
     the state alone). g: the raw log gate ([B, T, HV] or [B, T, HV, K]), its chunk-local cumsum for a plan made
-    with g_input="cumsum", or the in-kernel gate's input for a plan with a gate form (gate_params its (a, b) per
-    gate column, gate_scale the sigmoid form's lower bound); beta [B, T, HV] for the delta rule; initial_state
-    [N, HV, K, V]. A: the UT transform to use instead of kkt_solve's (the delta rule without gla_factors, which
-    forms Ab itself; tests isolate the state pass with it)."""
+    with g_input="cumsum", or the in-kernel gate's input for a plan with a gate form (gate_params its (A_log,
+    dt_bias) per gate column, gate_scale the sigmoid form's lower bound); beta [B, T, HV] for the delta rule;
+    initial_state [N, HV, K, V]. A: the UT transform to use instead of kkt_solve's (the delta rule without
+    gla_factors, which forms Ab itself; tests isolate the state pass with it)."""
     sched = Schedule.of(q, cu_seqlens)
     _check(plan, q, v, g, beta, initial_state, sched)
     if A is not None and (not plan.kkt or plan.kkt[5] is not None):
