@@ -2,6 +2,8 @@
 seeded, no downloads) give the same logits with tilela's op patched in at the model's call site (the module global
 that transformers hooks to FLA's chunk_gated_delta_rule / chunk_kda) as with the model's own torch implementation."""
 
+import inspect
+
 import pytest
 import torch
 
@@ -40,6 +42,15 @@ def kimi_linear(head_dim=32):
     return KimiLinearForCausalLM(config), modeling_kimi_linear, "chunk_kimi_delta_attention", tilela.chunk_kda
 
 
+def _torch_implementation(site):
+    """The function behind transformers' hub-kernel wrapper at a model's call site: the wrapper's __wrapped__, the
+    wrapper itself a function (transformers 5.24) or called by the `kernels` package's module that stands at the call
+    site (transformers 5.25, which requires `kernels`)."""
+    if isinstance(site, torch.nn.Module):
+        site = inspect.getclosurevars(type(site).forward).nonlocals["func"]
+    return site.__wrapped__
+
+
 @pytest.mark.parametrize("device,dtype,head_dim", [("cpu", torch.float32, 32), ("cpu", torch.bfloat16, 32),
                                                     pytest.param("cuda", torch.bfloat16, 128, marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("build", [qwen3_next, kimi_linear])
@@ -50,7 +61,7 @@ def test_logits_with_tilela_equal_the_torch_fallback(build, device, dtype, head_
     model = model.to(device, dtype).eval()
     ids = torch.randint(3, 256, (2, SEQ), generator=torch.Generator().manual_seed(1)).to(device)
     # the model's own torch implementation (transformers would pick FLA's function instead where FLA is installed)
-    monkeypatch.setattr(module, call_site, getattr(module, call_site).__wrapped__)
+    monkeypatch.setattr(module, call_site, _torch_implementation(getattr(module, call_site)))
     with torch.no_grad():
         want = model(ids).logits.float()
         calls = []
