@@ -163,7 +163,7 @@ def jobs(ep, dtypes: list[str]) -> list[tuple[str, str, object]]:
             params = torch.stack((torch.full(raw.shape[2:], math.log(4.0)), torch.full(raw.shape[2:], -3.0)))
             lower = -5.0 if form == "sigmoid" else None
             gc = ep.cumsum_in_kernel_gate((C, g_dtype, form), raw.cuda(), params.cuda(), lower, x["cu"].cuda())
-            return (rel_l2(gc, reference.chunk_local_cumsum(apply_gate(raw.double(), form, params.double(), lower),
+            return (rel_l2(gc, reference.chunk_local_cumsum(apply_gate(raw.double(), form, *params.double(), lower),
                                                             C, x["cu"])),)
         out.append(("cumsum", f"cumsum C{C} {g_dtype} {form}", cumsum))
     for C, method, dtype_name, gate, pair in ep.kkt_configs:
@@ -195,14 +195,14 @@ def jobs(ep, dtypes: list[str]) -> list[tuple[str, str, object]]:
                 raw = (g if form == "log" else g * 8).to(getattr(torch, gate_in[0]))
                 # the softplus form about -40 per token: every channel wild (gla_factors' term-by-term scores)
                 a, b = (16.0, 3.0) if form == "softplus" else (4.0, -3.0)
-                params = torch.stack((torch.full(raw.shape[2:], math.log(a)), torch.full(raw.shape[2:], b)))
+                params = (torch.full((raw.shape[2], 1), math.log(a)), torch.full(raw.shape[2:], b))
                 lower = -5.0 if form == "sigmoid" else None
-                g = apply_gate(raw.double(), form, params.double(), lower)
+                g = apply_gate(raw.double(), form, *(p.double() for p in params), lower)
             gc = reference.chunk_local_cumsum(g, 64, x["cu"])
             d = cuda(x)
             g_dev = (gc.float() if gate_in is None else raw).cuda()
             Qg, A = ep.factors((K, dtype_name, gate_in, delta), d["q"], d["k"], g_dev, d["beta"] if delta else None,
-                               K ** -0.5, d["cu"], None if params is None else params.cuda(), lower)
+                               K ** -0.5, d["cu"], None if params is None else tuple(p.cuda() for p in params), lower)
             G = x["v"].shape[2] // H
             # Qg against the float64 value rounded to its dtype: fp16 flushes the wild gates' factors as it must
             Qg_ref = (x["q"].double().repeat_interleave(G, dim=2) * gc.exp()).to(Qg.dtype).double()
@@ -260,8 +260,8 @@ def public_job(level: str, dtype: torch.dtype, in_kernel_gate: bool = False):
             lower = -5.0 if op == "chunk_kda" else None
             options = dict(use_gate_in_kernel=True, A_log=A_log.cuda(), dt_bias=dt_bias.cuda(),
                            **({"lower_bound": lower} if lower else {}))
-            form, params, _ = tilela.ops.in_kernel_gate(g.double(), A_log.double(), dt_bias.double(), lower)
-            g_ref = apply_gate(g.double(), form, params, lower)
+            g_ref = apply_gate(g.double(), *tilela.ops.in_kernel_gate(g.double(), A_log.double(), dt_bias.double(),
+                                                                      lower))
         d = cuda(x)
         args = [d["q"], d["k"], d["v"]] + ([g.cuda()] if gate != "none" else [])
         args += [d["beta"]] if delta else []

@@ -165,20 +165,20 @@ def test_gla_factors_A_from_the_raw_gate(g_dtype, form, dtype, K):
         g = raw.double()
     elif form == "sigmoid":
         raw = (4 * torch.randn(B, T, HV, K, generator=gen)).to(g_dtype)
-        params = torch.stack(((torch.rand(HV, K, generator=gen) + 0.5).log(), torch.randn(HV, K, generator=gen)))
+        params = ((torch.rand(HV, 1, generator=gen) + 0.5).log(), torch.randn(HV, K, generator=gen))
         lower = -5.0
-        g = apply_gate(raw.double(), form, params.double(), lower)
+        g = apply_gate(raw.double(), form, *(p.double() for p in params), lower)
     else:
         raw = 4 * torch.randn(B, T, HV, K, generator=gen)
         raw[:, torch.arange(T) // 16 % 2 == 0] -= 16  # softplus(~-16) ~ 0: these tokens barely decay
         raw = raw.to(g_dtype)
-        params = torch.stack(((torch.rand(HV, K, generator=gen) * 15 + 1).log(), torch.randn(HV, K, generator=gen)))
-        g = apply_gate(raw.double(), form, params.double(), None)
+        params = ((torch.rand(HV, 1, generator=gen) * 15 + 1).log(), torch.randn(HV, K, generator=gen))
+        g = apply_gate(raw.double(), form, *(p.double() for p in params), None)
     key = (K, hopper.DTYPE_NAMES[dtype], (hopper.DTYPE_NAMES[g_dtype], form), True)
     k_dev = k.to(DEV)
     sched = launch.Schedule.of(k_dev, cu.to(DEV))
     *_, Ab, _ = launch.launch_factors(key, k_dev, k_dev, raw.to(DEV), beta.to(DEV), K**-0.5, sched,
-                                      None if params is None else params.to(DEV), lower)
+                                      None if params is None else tuple(p.to(DEV) for p in params), lower)
     ref = reference.kkt_solve(k, beta, reference.chunk_local_cumsum(g, 64, cu), 64, cu, beta_columns=True)
     assert Ab.dtype == dtype and Ab.shape == (B, T, HV, 64)
     assert torch.isfinite(Ab).all()
@@ -209,7 +209,7 @@ def test_kkt_solve_sums_the_scalar_gate(g_dtype, form, heads):
     else:
         raw = 4 * torch.randn(B, T, HV, generator=gen)
         params = torch.stack(((torch.rand(HV, generator=gen) * 15 + 1).log(), torch.randn(HV, generator=gen)))
-        g = apply_gate(raw.to(g_dtype).double(), form, params.double(), None)
+        g = apply_gate(raw.to(g_dtype).double(), form, *params.double(), None)
     raw = raw.to(g_dtype)
     k_dev, cu_dev = k.to(DEV), cu.to(DEV)
     sched = launch.Schedule.of(k_dev, cu_dev)

@@ -159,13 +159,13 @@ def test_gla_factors_match_reference(case, gate_in, delta):
         gen = torch.Generator().manual_seed(2)
         g_in = 4 * torch.randn(B, T, HV, K, generator=gen)
         if gate_in[1] == "sigmoid":
-            params = torch.stack(((torch.rand(HV, K, generator=gen) + 0.5).log(), torch.randn(HV, K, generator=gen)))
+            params = ((torch.rand(HV, 1, generator=gen) + 0.5).log(), torch.randn(HV, K, generator=gen))
             lower = -5.0
         else:
             g_in[:, torch.arange(T) // 16 % 2 == 0] -= 16  # softplus(~-16) ~ 0: these tokens barely decay
-            params = torch.stack(((torch.rand(HV, K, generator=gen) * 15 + 1).log(), torch.randn(HV, K, generator=gen)))
+            params = ((torch.rand(HV, 1, generator=gen) * 15 + 1).log(), torch.randn(HV, K, generator=gen))
         g_in = g_in.to(torch.bfloat16)
-        g = apply_gate(g_in.double(), gate_in[1], params.double(), lower)
+        g = apply_gate(g_in.double(), gate_in[1], *(p.double() for p in params), lower)
     gc = reference.chunk_local_cumsum(g, 64, cu_seqlens=None if cu is None else torch.tensor(cu))
     scale = K**-0.5
     q_d = q.cuda()
@@ -173,7 +173,7 @@ def test_gla_factors_match_reference(case, gate_in, delta):
     Qg, Kd, Kg, P, Ab, D = launch.launch_factors((K, hopper.DTYPE_NAMES[dtype], gate_in, delta), q_d, k.cuda(),
                                                 (gc.float() if gate_in is None else g_in).cuda(),
                                                 beta.cuda() if delta else None, scale, sched,
-                                                None if params is None else params.cuda(), lower)
+                                                None if params is None else tuple(p.cuda() for p in params), lower)
     G = HV // c["H"]
     qv, kv = (x.double().repeat_interleave(G, dim=2) for x in (q, k))  # value head h reads q/k head h // G
     ref = [torch.zeros(B, T, HV, n, dtype=torch.float64) for n in (K, K, 64)]

@@ -261,7 +261,7 @@ def test_cumsum_stage_forms_the_in_kernel_gate(form, columns, dtype):
     sched = launch.Schedule.of(raw.cuda(), cu.cuda())
     gc = launch.launch_cumsum((64, {torch.bfloat16: "bfloat16", torch.float32: "float32"}[dtype], form), raw.cuda(),
                               sched, lower, params.cuda())
-    ref = reference.chunk_local_cumsum(apply_gate(raw.double(), form, params.double(), lower), 64, cu)
+    ref = reference.chunk_local_cumsum(apply_gate(raw.double(), form, *params.double(), lower), 64, cu)
     assert torch.isfinite(gc).all()
     torch.testing.assert_close(gc.double().cpu(), ref, rtol=5e-5, atol=1e-30)  # float32 exp of |args| ~ 100
 

@@ -162,7 +162,7 @@ def test_kda_takes_the_hopper_kernels_for_every_gate(fake_hopper):
 
 def test_in_kernel_gates_reach_the_gate_stages_raw(monkeypatch):
     """GDN's and KDA's in-kernel gate reach the Hopper pipeline as FLA's raw input: the plan's stage that sums the
-    gate forms the log gate (tilela._gates.apply_gate: its form, (A_log, dt_bias) per gate column, KDA's lower
+    gate forms the log gate (tilela._gates.apply_gate: its form, A_log and dt_bias, KDA's lower
     bound): GDN's cumsum stage, KDA's gla_factors (no cumsum stage, no kkt_solve); eagerly and through the custom
     op."""
     from types import SimpleNamespace
@@ -205,7 +205,8 @@ def test_in_kernel_gates_reach_the_gate_stages_raw(monkeypatch):
             assert plan_.cumsum is None and plan_.kkt[5] == ("bfloat16", form)
         assert g.dtype == torch.bfloat16
         assert (lower == -5.0) if form == "sigmoid" else lower is None
-        assert rel_l2(_gates.apply_gate(g.double(), form, params.double(), lower), want[form]) < 1e-6
+        assert all(x.dtype == torch.float32 for x in params)  # A_log and dt_bias as given: no stack, no exp
+        assert rel_l2(_gates.apply_gate(g.double(), form, *(x.double() for x in params), lower), want[form]) < 1e-6
 
 
 def test_eager_inference_skips_the_custom_op_and_autograd_takes_it(monkeypatch):

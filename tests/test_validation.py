@@ -220,21 +220,27 @@ def test_fake_tensors_trace_without_reading_values(varlen):
                 tilela.chunk_kda(q, q, v, g, beta, cu_seqlens=kw["cu_seqlens"])
 
 
-@pytest.mark.parametrize("form,params,lower,match", [
-    ("tanh", None, None, "gate_form: expected one of"),
-    ("log", torch.zeros(2, HV), None, "gate_params, lower_bound: only with an in-kernel gate form"),
-    ("softplus", torch.zeros(2, K), None, r"gate_params: expected shape \[2, 4\]"),
-    ("softplus", torch.zeros(2, HV, dtype=torch.int32), None, "gate_params: expected"),
-    ("sigmoid", torch.zeros(2, HV), None, "lower_bound: the sigmoid form takes one"),
-    ("softplus", torch.zeros(2, HV), -5.0, "lower_bound: the sigmoid form takes one"),
-    ("sigmoid", torch.zeros(2, HV), float("nan"), "lower_bound: expected a finite float"),
+ZERO = torch.zeros(HV)
+
+
+@pytest.mark.parametrize("form,A_log,dt_bias,lower,match", [
+    ("tanh", None, None, None, "gate_form: expected one of"),
+    ("log", ZERO, ZERO, None, "A_log, dt_bias, lower_bound: only with an in-kernel gate form"),
+    ("log", None, None, -5.0, "A_log, dt_bias, lower_bound: only with an in-kernel gate form"),
+    ("softplus", torch.zeros(K), ZERO, None, r"A_log: expected one of the shapes \[\[4\], \[1\]\] .*got \[8\]"),
+    ("softplus", ZERO, torch.zeros(2, HV), None, r"dt_bias: expected one of the shapes .*got \[2, 4\]"),
+    ("softplus", ZERO, torch.zeros(HV, dtype=torch.int32), None, "dt_bias: expected"),
+    ("softplus", ZERO, None, None, "dt_bias: expected a torch.Tensor, got NoneType"),
+    ("sigmoid", ZERO, torch.zeros(1), None, "lower_bound: the sigmoid form takes one"),
+    ("softplus", ZERO, ZERO, -5.0, "lower_bound: the sigmoid form takes one"),
+    ("sigmoid", torch.zeros(1), ZERO, float("nan"), "lower_bound: expected a finite float"),
 ])
-def test_the_custom_op_checks_its_in_kernel_gate_arguments(form, params, lower, match):
+def test_the_custom_op_checks_its_in_kernel_gate_arguments(form, A_log, dt_bias, lower, match):
     """torch.ops.tilela.chunk_attention, called directly, takes no gate arguments the public ops would not build."""
     x = good()
     with pytest.raises((ValueError, TypeError), match=match):
         torch.ops.tilela.chunk_attention(x["q"], x["k"], x["v"], x["g"], x["beta"], None, None, None, "scalar", True,
-                                         None, False, False, form, params, lower)
+                                         None, False, False, form, A_log, dt_bias, lower)
 
 
 def test_check_finite_reads_the_in_kernel_gate_as_formed():

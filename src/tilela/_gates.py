@@ -29,10 +29,11 @@ gate; ``apply_gate`` forms the log gate from it, per gate column (value head, an
     form "softplus":  g = -a softplus(x + b)
     form "sigmoid":   g = lower_bound sigmoid(a (x + b))          (KDA with lower_bound)
 
-with params = (A_log, b) stacked in front of the gate's column shape: a = exp(A_log), b = dt_bias (A_log = 0 and
-b = 0 where not given). The stack holds A_log, not a, so a call launches no exp of its own: the Hopper kernels form
-a where they read the params, and apply the gate where they sum it (kernels/hopper/cumsum.py; gla_factors through
-common.gate_column); every other path, autograd's recompute included, applies it here first.
+with a = exp(A_log) per value head and b = dt_bias per gate column, each or once for all (``param_shapes``; A_log = 0
+and b = 0 where not given). They travel as given (A_log, not a), so a call launches no kernel of its own for them:
+the Hopper kernels read each column's pair, form a, and apply the gate where they sum it (kernels/hopper/cumsum.py;
+gla_factors through common.gate_column; kkt_solve for GDN's scalar gate); every other path, autograd's recompute
+included, applies it here first.
 """
 
 from __future__ import annotations
@@ -53,25 +54,42 @@ def floor_log_gate(g: torch.Tensor) -> torch.Tensor:
 GATE_FORMS = ("log", "softplus", "sigmoid")  # "log": g is the log gate itself
 
 
+def param_shapes(columns: tuple[int, ...]) -> dict[str, tuple[tuple[int, ...], ...]]:
+    """The shapes A_log and dt_bias may take over a gate's columns (g's shape past [B, T]: (HV,) or (HV, K)): A_log
+    per value head, dt_bias per column, each or one value for all (the kernels read entry min(head or column,
+    n - 1) of n)."""
+    ones = (1,) * (len(columns) - 1)
+    return {"A_log": tuple(dict.fromkeys(((columns[0], *ones), (1, *ones)))),
+            "dt_bias": tuple(dict.fromkeys((tuple(columns), (1, *ones))))}
+
+
 class InKernelGate(NamedTuple):
-    """How the op's g gives the log gate (``apply_gate``): the form, params = (A_log, dt_bias) stacked in front
-    of the gate's columns, and the sigmoid form's lower bound; ``LOG_GATE`` when g is the log gate."""
+    """How the op's g gives the log gate (``apply_gate``): the form, A_log and dt_bias (of ``param_shapes`` of the
+    gate's columns), and the sigmoid form's lower bound; ``LOG_GATE`` when g is the log
+    gate."""
 
     form: str
-    params: torch.Tensor | None
+    A_log: torch.Tensor | None
+    dt_bias: torch.Tensor | None
     lower_bound: float | None
 
+    @property
+    def params(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(A_log, dt_bias) as the Hopper launchers take them, None for the log form."""
+        return None if self.form == "log" else (self.A_log, self.dt_bias)
 
-LOG_GATE = InKernelGate("log", None, None)
+
+LOG_GATE = InKernelGate("log", None, None, None)
 
 
-def apply_gate(x: torch.Tensor, form: str, params: torch.Tensor | None, lower_bound: float | None) -> torch.Tensor:
+def apply_gate(x: torch.Tensor, form: str, A_log: torch.Tensor | None, dt_bias: torch.Tensor | None,
+               lower_bound: float | None) -> torch.Tensor:
     """The log gate from the op's g (module docstring): x itself for form "log", else from FLA's in-kernel gate
-    input x [B, T, HV] or [B, T, HV, K] and params [2, HV] or [2, HV, K] (float32 out; float64 stays)."""
+    input x [B, T, HV] or [B, T, HV, K] with A_log and dt_bias broadcast over its columns (float32 out; float64
+    stays)."""
     if form == "log":
         return x
-    log_a, b = params
-    a = log_a.exp()
+    a, b = A_log.exp(), dt_bias
     if form == "softplus":
         return -a * F.softplus(x + b)
     if form == "sigmoid":

@@ -314,28 +314,29 @@ def check_finite(enabled, named: dict[str, torch.Tensor | None], seq_bounds: tup
         raise ValueError(f"{name}: expected finite values (check_finite=True), got {value} at {where}")
 
 
-def check_gate_input(form, params, lower_bound, g) -> None:
-    """tilela::chunk_attention's in-kernel gate arguments (tilela._gates): the form; for "log" neither params nor a
-    lower bound; else params [2, *g's gate columns] of a float dtype on g's device, and a finite lower bound exactly
-    for the sigmoid form."""
-    from ._gates import GATE_FORMS
+def check_gate_input(form, A_log, dt_bias, lower_bound, g) -> None:
+    """tilela::chunk_attention's in-kernel gate arguments (tilela._gates): the form; for "log" none of A_log,
+    dt_bias and a lower bound; else A_log and dt_bias of a float dtype on g's device, of the shapes
+    tilela._gates.param_shapes gives g's gate columns, and a finite lower bound exactly for the sigmoid form."""
+    from ._gates import GATE_FORMS, param_shapes
 
     if form not in GATE_FORMS:
         raise ValueError(f"gate_form: expected one of {GATE_FORMS}, got {form!r}")
     if form == "log":
-        if params is not None or lower_bound is not None:
-            raise ValueError(f"gate_params, lower_bound: only with an in-kernel gate form, got gate_form 'log' with "
-                             f"gate_params {'None' if params is None else _shape(params)} and lower_bound "
-                             f"{lower_bound!r}")
+        if A_log is not None or dt_bias is not None or lower_bound is not None:
+            shape = lambda x: "None" if x is None else _shape(x)  # noqa: E731
+            raise ValueError(f"A_log, dt_bias, lower_bound: only with an in-kernel gate form, got gate_form 'log' "
+                             f"with A_log {shape(A_log)}, dt_bias {shape(dt_bias)} and lower_bound {lower_bound!r}")
         return
-    _expect_tensor("gate_params", params)
-    _expect_dtype("gate_params", params, FLOAT_DTYPES)
-    want = [2, *g.shape[2:]]
-    if list(params.shape) != want:
-        raise ValueError(f"gate_params: expected shape {want} ((A_log, dt_bias) per gate column of g "
-                         f"{_shape(g)}), got {_shape(params)}")
-    if params.device != g.device:
-        raise ValueError(f"gate_params: expected g's device {g.device}, got {params.device}")
+    shapes = param_shapes(tuple(g.shape[2:]))
+    for name, x, per in (("A_log", A_log, "per value head"), ("dt_bias", dt_bias, "per gate column")):
+        _expect_tensor(name, x)
+        _expect_dtype(name, x, FLOAT_DTYPES)
+        if tuple(x.shape) not in shapes[name]:
+            raise ValueError(f"{name}: expected one of the shapes {[list(s) for s in shapes[name]]} ({per} of g "
+                             f"{_shape(g)}, or one value), got {_shape(x)}")
+        if x.device != g.device:
+            raise ValueError(f"{name}: expected g's device {g.device}, got {x.device}")
     if (form == "sigmoid") != (lower_bound is not None):
         raise ValueError(f"lower_bound: the sigmoid form takes one and the softplus form none, got {lower_bound!r} "
                          f"with gate_form {form!r}")

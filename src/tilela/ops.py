@@ -101,8 +101,9 @@ def _attention(q, k, v, g, g_kind, beta, needs_beta, scale, initial_state, outpu
     check_finite = V.check_flag("check_finite", check_finite)
     if not torch.compiler.is_compiling():
         dims, scale = _check(q, k, v, g, g_kind, beta, needs_beta, scale, initial_state, cu_seqlens, cu_seqlens_cpu)
-        # gate_in.params: A_log and dt_bias may carry gradients alone
-        tensors = [t for t in (q, k, v, g, beta, initial_state, cu_seqlens, gate_in.params) if t is not None]
+        # A_log and dt_bias may carry gradients alone
+        tensors = [t for t in (q, k, v, g, beta, initial_state, cu_seqlens, gate_in.A_log, gate_in.dt_bias)
+                   if t is not None]
         plain = all(type(t) is torch.Tensor for t in tensors) and V.has_values(q)
         grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
         if plain and not grad and not torch._C._are_functorch_transforms_active() and not torch.jit.is_tracing():
@@ -234,20 +235,21 @@ def _state_out(result, state_v_first: bool):
 def in_kernel_gate(g: torch.Tensor, A_log, dt_bias, lower_bound: float | None) -> InKernelGate:
     """FLA's in-kernel gate on g [B, T, HV] (GDN) or [B, T, HV, K] (KDA): -exp(A_log) softplus(g + dt_bias), or with
     lower_bound lower_bound sigmoid(exp(A_log) (g + dt_bias)) (A_log optional there). A_log [HV], dt_bias [HV] or
-    [HV * K] (optional); params (A_log, dt_bias) per gate column (tilela._gates) in float32 (float64 stays)."""
+    [HV * K] (optional); both viewed over the gate's columns (tilela._gates.param_shapes) in float32 (float64 stays),
+    one-element zeros where not given."""
     columns = tuple(g.shape[2:])
     meaning = "[HV]" if len(columns) == 1 else "[HV * K]"
     for name, x in (("A_log", A_log), ("dt_bias", dt_bias)):
         if isinstance(x, torch.Tensor) and x.device != g.device:
             raise ValueError(f"{name}: expected g's device {g.device}, got {x.device}")
-    log_a = None if A_log is None else _heads_param("A_log", A_log, columns[:1] + (1,) * (len(columns) - 1), "[HV]")
+    ones = (1,) * (len(columns) - 1)
+    log_a = None if A_log is None else _heads_param("A_log", A_log, (columns[0], *ones), "[HV]")
     b = None if dt_bias is None else _heads_param("dt_bias", dt_bias, columns, meaning)
     like = log_a if log_a is not None else b
     dtype = torch.float32 if like is None else like.dtype
-    log_a = g.new_zeros((1,) * len(columns), dtype=dtype) if log_a is None else log_a
-    b = g.new_zeros((1,) * len(columns), dtype=dtype) if b is None else b
-    params = torch.stack((log_a.expand(columns), b.expand(columns)))
-    return InKernelGate("softplus" if lower_bound is None else "sigmoid", params, lower_bound)
+    log_a = g.new_zeros((1, *ones), dtype=dtype) if log_a is None else log_a
+    b = g.new_zeros((1, *ones), dtype=dtype) if b is None else b
+    return InKernelGate("softplus" if lower_bound is None else "sigmoid", log_a, b, lower_bound)
 
 
 def _gated_delta(q, k, v, g, gate, beta, scale, initial_state, output_final_state, state_v_first, cu_seqlens,

@@ -63,7 +63,7 @@ def log1p_of_exp(y):
 
 def log_gate(x, a, b, form: str):
     """The log gate of one gate column from g's value x (float32) and the column's (a, b), a = exp(A_log) as the
-    callers form it from the params' log a (tilela._gates):
+    callers form it from A_log (tilela._gates):
         "log" x,   "softplus" -a softplus(x + b),   "sigmoid" sigmoid(a (x + b))
     (the sigmoid form's lower bound is the caller's scale on the sum). softplus(y) = max(y, 0) + log1p(exp(-|y|)):
     no overflow for large y."""
@@ -93,16 +93,16 @@ def gate_tile(g, start, end, hv, width, g_s):
 
 
 @T.macro
-def gate_column(g, params, scale, start, end, hv, width, gl, part_s, form):
+def gate_column(g, A_log, dt_bias, scale, start, end, hv, width, gl, part_s, form):
     """gl[i, v] <- log2(e) gc of row r0 + i of the tile from start (token start + r0 + i), value head hv, key channel
     d0 + v, in registers: gl is [RUN, VEC]; thread tx owns the VEC channels from d0 = VEC (tx % (width / VEC)) and
     the run of RUN rows from r0 = RUN (tx // (width / VEC)) (so RUN = TILE width / (VEC THREADS)); rows past the
     sequence end hold its last row's gc.
     form None: g [1, T, HV, width] is gc already (float32). Else g is the raw gate input of that form (log_gate;
-    params [2, HV * width] its (log a, b) per column hv * width + d, scale the factor on the sum, the sigmoid form's
-    lower bound): a run's loads all in flight (VEC channels a load), then formed and floored (floored_log_gate)
-    and summed; a run after the first adds the totals of the runs before it (part_s: [runs, width] float32
-    shared)."""
+    A_log and dt_bias its parameters, per value head and per column hv width + d, each or one value for all (entry
+    min(hv or column, n - 1) of n); scale the factor on the sum, the sigmoid form's lower bound): a run's loads all in
+    flight (VEC channels a load), then formed and floored (floored_log_gate) and summed; a run after the first adds
+    the totals of the runs before it (part_s: [runs, width] float32 shared)."""
     run, vec = gl.shape
     tx = T.get_thread_binding()
     d0 = tx % (width // vec) * vec
@@ -114,11 +114,9 @@ def gate_column(g, params, scale, start, end, hv, width, gl, part_s, form):
                 gl[i, v] = g[0, T.min(start + r0 + i, end - 1), hv, d0 + v] * LOG2E
     else:
         ab = T.alloc_local((2, vec), "float32")
-        for s in T.unroll(2):
-            for v in T.unroll(vec):
-                ab[s, v] = params[s, hv * width + d0 + v] if form != "log" else 0.0
         for v in T.unroll(vec):
-            ab[0, v] = exp_e(ab[0, v])
+            ab[0, v] = exp_e(A_log[T.min(hv, A_log.shape[0] - 1)]) if form != "log" else 0.0
+            ab[1, v] = dt_bias[T.min(hv * width + d0 + v, dt_bias.shape[0] - 1)] if form != "log" else 0.0
         for i in T.unroll(run):
             for v in T.vectorized(vec):
                 gl[i, v] = T.if_then_else(start + r0 + i < end, T.cast(g[0, start + r0 + i, hv, d0 + v], "float32"), 0.0)

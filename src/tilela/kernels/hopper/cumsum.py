@@ -6,7 +6,8 @@ in-kernel gate input.
     f(x) = -a softplus(x + b)         form "softplus" (GDN's and KDA's in-kernel gate)
     f(x) = sigmoid(a (x + b))         form "sigmoid"  (KDA's bounded gate; scale = its lower bound)
 
-with (a, b) per column of the gate (tilela._gates.InKernelGate's params (A_log, b): a = exp(A_log), b = dt_bias);
+with (a, b) per column of the gate (tilela._gates: a = exp(A_log), b = dt_bias; each given per column, per head or
+once);
 chunks of C from each sequence start; tilela._gates: the floor keeps the chunked forms exact where exp underflows,
 a NaN gate stays NaN.
 
@@ -31,17 +32,19 @@ COLUMNS = 128  # columns (threads) per CTA
 
 def chunk_local_cumsum_kernel(chunk: int, dtype: str, form: str = "log") -> T.PrimFunc:
     """Build the prim_func for static (chunk, input dtype, gate form); tokens, columns and sequences are symbolic.
-    params [2, W] holds (log a, b) per column for the softplus and sigmoid forms (tilela._gates: A_log and dt_bias;
-    a = exp(A_log) formed here); the log form reads none of it (a [2, 1] placeholder)."""
+    A_log and dt_bias hold the softplus and sigmoid forms' parameters (tilela._gates; a = exp(A_log) formed here),
+    each of n elements covering the W columns in n equal runs (n = W, the value heads, or 1); the log form reads
+    neither (placeholders)."""
     if form not in GATE_FORMS:
         raise ValueError(f"form: expected one of {GATE_FORMS}, got {form!r}")
     num_tokens, W, num_bounds = T.dynamic("num_tokens"), T.dynamic("W"), T.dynamic("num_bounds")
-    num_params = T.dynamic("num_params")
+    num_a, num_b = T.dynamic("num_a"), T.dynamic("num_b")
 
     @T.prim_func
     def chunk_local_cumsum(
         g: T.Tensor((1, num_tokens, W), dtype),
-        params: T.Tensor((2, num_params), "float32"),
+        A_log: T.Tensor((num_a,), "float32"),
+        dt_bias: T.Tensor((num_b,), "float32"),
         cu_seqlens: T.Tensor((num_bounds,), "int32"),
         gc: T.Tensor((1, num_tokens, W), "float32"),
         scale: T.float32,
@@ -66,8 +69,8 @@ def chunk_local_cumsum_kernel(chunk: int, dtype: str, form: str = "log") -> T.Pr
                                                 T.cast(g[0, start + i, col0 + j], "float32"), 0.0)
                 acc = 0.0
                 if form != "log":
-                    a = T.if_then_else(col < num_params, exp_e(params[0, col]), 0.0)
-                    b = T.if_then_else(col < num_params, params[1, col], 0.0)
+                    a = T.if_then_else(col < W, exp_e(A_log[col // (W // num_a)]), 0.0)
+                    b = T.if_then_else(col < W, dt_bias[col // (W // num_b)], 0.0)
                 for i in T.unroll(TILE):  # rows past the sequence end add to acc after every stored row
                     if i % chunk == 0:
                         acc = 0.0

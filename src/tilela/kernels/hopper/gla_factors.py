@@ -41,9 +41,9 @@ ones (common.channel_score_dtype). Qg, Kd, Kg have non-positive exponents and le
 Ab; both leave through shared memory as whole rows.
 Rows past the sequence end are not stored: the next sequence's tile owns them. Every global access is in bounds by
 construction (rows tested against the sequence end, q and k's landing against the token count; a row of D per tile
-slot of the grid, params [2, HV * K]), so the kernel compiles without TileLang's per-access bounds tests
-(launch.GUARDED). A's scores go straight from the key
-rows' product into kkt_solve.py's inverse (tile_inverse, blocked, one value head).
+slot of the grid, A_log and dt_bias indexed within their lengths), so the kernel compiles without TileLang's
+per-access bounds tests (launch.GUARDED). A's scores go straight from the key rows' product into kkt_solve.py's
+inverse (tile_inverse, blocked, one value head).
 """
 
 import tilelang.language as T
@@ -62,7 +62,7 @@ ROW_VEC = 8  # entries of a P or Ab row a thread stores at once (16 bytes)
 def gla_factors_kernel(K: int, dtype: str, gate_in: tuple | None, delta: bool = False) -> T.PrimFunc:
     """Build the prim_func for static (K, input dtype, gate_in, whether the delta rule's Kg and Ab are written too;
     else they are one-element placeholders, as beta is). gate_in: None when g is the float32 chunk-local cumsum,
-    else (g dtype, gate form) of the raw gate summed here (common.gate_column, with params and gate_scale;
+    else (g dtype, gate form) of the raw gate summed here (common.gate_column, with A_log, dt_bias and gate_scale;
     placeholders otherwise). Tokens, heads (GVA ratio G = HV / H) and the varlen layout are symbolic, scale a
     run-time argument."""
     if K % VEC or 32 % (K // VEC) or BLOCK % (TILE * K // (VEC * THREADS)):
@@ -71,7 +71,8 @@ def gla_factors_kernel(K: int, dtype: str, gate_in: tuple | None, delta: bool = 
     C = TILE
     run = C * K // (VEC * THREADS)  # rows of a thread's run
     score_dtype = channel_score_dtype(dtype)
-    num_tokens, H, HV, num_bounds, NSL, num_params = T.dynamic("num_tokens, H, HV, num_bounds, NSL, num_params")
+    num_tokens, H, HV, num_bounds, NSL = T.dynamic("num_tokens, H, HV, num_bounds, NSL")
+    num_a, num_b = T.dynamic("num_a, num_b")
     accum = "float32"
     g_dtype, form = (accum, None) if gate_in is None else gate_in
     invert = tile_inverse(C, 1, "blocked") if delta else None
@@ -186,7 +187,8 @@ def gla_factors_kernel(K: int, dtype: str, gate_in: tuple | None, delta: bool = 
         k: T.Tensor((1, num_tokens, H, K), dtype),
         g: T.Tensor((1, num_tokens, HV, K), g_dtype),
         beta: T.Tensor((1, num_tokens, HV) if delta else (1,), accum),
-        params: T.Tensor((2, num_params), accum),
+        A_log: T.Tensor((num_a,), accum),
+        dt_bias: T.Tensor((num_b,), accum),
         cu_seqlens: T.Tensor((num_bounds,), "int32"),
         Qg: T.Tensor((1, num_tokens, HV, K), dtype),
         Kd: T.Tensor((1, num_tokens, HV, K), dtype),
@@ -251,7 +253,7 @@ def gla_factors_kernel(K: int, dtype: str, gate_in: tuple | None, delta: bool = 
                 if delta:
                     for i in T.Parallel(C):
                         beta_s[i] = T.if_then_else(i < rows, beta[0, start + i, hv], 0.0)
-                gate_column(g, params, gate_scale, start, end, hv, K, gl, part_s, form)
+                gate_column(g, A_log, dt_bias, gate_scale, start, end, hv, K, gl, part_s, form)
                 if r0 + run == C:
                     for v in T.vectorized(VEC):
                         last_s[d0 + v] = gl[run - 1, v]

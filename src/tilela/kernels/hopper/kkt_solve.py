@@ -186,9 +186,9 @@ def kkt_solve_kernel(chunk: int, method: str, dtype: str, gate: str, pair: int, 
     (scalar gate at chunk 64 only): None when g is the float32 chunk-local cumsum, else (g dtype, gate form) of the
     raw gate [1, T, HV], which the kernel sums itself (chunk_local_cumsum's stage, in the same order: one thread
     per value head walks the tile's rows) and writes to gc for the state pass, so no cumsum launch runs before it;
-    params [2, HV] its in-kernel gate's (log a, b) per value head and gate_scale the factor on the sum (placeholders
-    and 1 otherwise). Every size (tokens, heads, K, sequences) is symbolic, so a new T, head count or varlen
-    layout reuses the compiled kernel."""
+    A_log and dt_bias its in-kernel gate's parameters (each per value head or one value) and gate_scale the factor on
+    the sum (placeholders and 1 otherwise). Every size (tokens, heads, K, sequences) is symbolic, so a new T, head
+    count or varlen layout reuses the compiled kernel."""
     C, P = chunk, pair
     scalar, channel = gate == "scalar", gate == "channel"
     row_blocks = tuple(range(TILE // BLOCK))
@@ -204,7 +204,7 @@ def kkt_solve_kernel(chunk: int, method: str, dtype: str, gate: str, pair: int, 
     K = T.dynamic("KB") * 64  # K a multiple of 64: column bounds checks are uniform over 16-byte vectors
     num_bounds = T.dynamic("num_bounds")  # N + 1
     g_tokens, g_heads = T.dynamic("g_tokens"), T.dynamic("g_heads")  # (1, 1) dummy when ungated
-    num_params, gc_tokens = T.dynamic("num_params"), T.dynamic("gc_tokens")  # placeholders unless gate_in
+    num_a, num_b, gc_tokens = T.dynamic("num_a, num_b, gc_tokens")  # placeholders unless gate_in
     invert = tile_inverse(C, P, method)
 
     @T.macro
@@ -261,7 +261,8 @@ def kkt_solve_kernel(chunk: int, method: str, dtype: str, gate: str, pair: int, 
         k: T.Tensor((1, num_tokens, H, K), dtype),
         beta: T.Tensor((1, num_tokens, HV), ACC),
         g: T.Tensor((1, g_tokens, g_heads, K) if channel else (1, g_tokens, g_heads), g_dtype),
-        params: T.Tensor((2, num_params), ACC),
+        A_log: T.Tensor((num_a,), ACC),
+        dt_bias: T.Tensor((num_b,), ACC),
         cu_seqlens: T.Tensor((num_bounds,), "int32"),
         A: T.Tensor((1, num_tokens, HV, C), dtype),
         gc: T.Tensor((1, gc_tokens, g_heads) if gate_in else (1,), ACC),
@@ -313,8 +314,9 @@ def kkt_solve_kernel(chunk: int, method: str, dtype: str, gate: str, pair: int, 
                             g_s[p, i] = T.if_then_else(live, g[0, start + i, hv0 + p] * LOG2E, 0.0)
                         elif scalar:  # the formed, floored gate; summed below
                             g_s[p, i] = T.if_then_else(live, floored_log_gate(
-                                T.cast(g[0, start + i, hv0 + p], ACC), exp_e(params[0, T.min(hv0 + p, num_params - 1)]),
-                                params[1, T.min(hv0 + p, num_params - 1)], form), 0.0)
+                                T.cast(g[0, start + i, hv0 + p], ACC),
+                                exp_e(A_log[T.min(hv0 + p, num_a - 1)]), dt_bias[T.min(hv0 + p, num_b - 1)], form),
+                                0.0)
                     if gate_in is not None:
                         chunk_cumsum(g_s, gc, start, rows, hv0, G - grp * P, gate_scale, tx)
                     if channel:  # k_s is the previous value head's output staging

@@ -73,13 +73,17 @@ def placeholder(device: torch.device, dtype: torch.dtype, shape: tuple[int, ...]
     return torch.zeros(shape, device=device, dtype=dtype)
 
 
-def gate_args(device: torch.device, params: torch.Tensor | None, scale: float | None) -> tuple:
-    """(params [2, gate columns] float32, scale) as the stages that form the log gate take them: FLA's in-kernel
-    gate's (A_log, dt_bias) per gate column (tilela._gates; a placeholder for the log gate) and the factor on the sum
-    (the sigmoid form's lower bound; 1 otherwise)."""
-    params = placeholder(device, torch.float32, (2, 1)) if params is None else \
-        params.to(torch.float32).reshape(2, -1).contiguous()
-    return params, 1.0 if scale is None else float(scale)
+def gate_args(device: torch.device, params: tuple | None, scale: float | None) -> tuple:
+    """(A_log, dt_bias, scale) as the stages that form the log gate take them: FLA's in-kernel gate's A_log and
+    dt_bias (params, each of one of tilela._gates.param_shapes; one placeholder for both under the log gate) flat
+    in float32 (views where they are float32 already: no kernel), and the factor on the sum (the sigmoid form's lower
+    bound; 1 otherwise)."""
+    scale = 1.0 if scale is None else float(scale)
+    if params is None:
+        absent = placeholder(device, torch.float32)
+        return absent, absent, scale
+    A_log, dt_bias = (x.to(torch.float32).reshape(-1).contiguous() for x in params)
+    return A_log, dt_bias, scale
 
 
 class Schedule(NamedTuple):
@@ -113,16 +117,15 @@ def flat(x: torch.Tensor) -> torch.Tensor:
 
 # ---- stages ------------------------------------------------------------------------------------------------------
 def launch_cumsum(key: tuple, g: torch.Tensor, sched: Schedule, scale: float | None = None,
-                  params: torch.Tensor | None = None) -> torch.Tensor:
+                  params: tuple | None = None) -> torch.Tensor:
     """gc: the chunk-local cumsum of g ([B,T,H] or [B,T,H,K]) in float32, times `scale` if given; key (chunk,
-    g dtype, gate form). For an in-kernel gate form, g is its input and params its (A_log, dt_bias) per gate column
-    ([2, H] or [2, H, K])."""
+    g dtype, gate form). For an in-kernel gate form, g is its input and params its (A_log, dt_bias) (gate_args)."""
     gc = torch.empty(g.shape, device=g.device, dtype=torch.float32)
     if sched.num_slots == 0 or g.numel() == 0:
         return gc
     g1 = flat(g)
-    params, scale = gate_args(g.device, params, scale)
-    compiled(chunk_local_cumsum_kernel, *key)(g1.reshape(*g1.shape[:2], -1), params, sched.cu,
+    A_log, dt_bias, scale = gate_args(g.device, params, scale)
+    compiled(chunk_local_cumsum_kernel, *key)(g1.reshape(*g1.shape[:2], -1), A_log, dt_bias, sched.cu,
                                               gc.view(*g1.shape[:2], -1), scale, *sched.grid)
     return gc
 
@@ -138,12 +141,12 @@ def launch_l2norm(key: tuple, x: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def launch_kkt(key: tuple, k: torch.Tensor, beta: torch.Tensor, g: torch.Tensor | None, sched: Schedule,
-               gate_scale: float | None = None, params: torch.Tensor | None = None):
+               gate_scale: float | None = None, params: tuple | None = None):
     """(A, gc): A = (I + strictLower(diag(beta) (Gamma ⊙ K K^T)))^-1 per chunk, [B,T,HV,C] in k's dtype, and the gate's
     fp32 chunk-local cumsum gc; key (chunk, method, dtype, gate, value heads per pass, gate_in). gate_in None: g is
     gc already, the fp32 chunk-local cumsum of the scalar ([B,T,HV]) or per-channel ([B,T,HV,K]) gate, or None
     (ungated), and is returned as it is. gate_in (g dtype, gate form): g is the raw scalar gate [B,T,HV] of that
-    form (params its (A_log, dt_bias) per value head, gate_scale the factor on the sum), which the kernel sums into
+    form (params its (A_log, dt_bias): gate_args; gate_scale the factor on the sum), which the kernel sums into
     the gc it returns."""
     B, Tn, H, K = k.shape
     HV, chunk, gate_in = beta.shape[2], key[0], key[5]
@@ -152,15 +155,15 @@ def launch_kkt(key: tuple, k: torch.Tensor, beta: torch.Tensor, g: torch.Tensor 
     if sched.num_slots == 0:
         return A, gc
     g_in = placeholder(k.device, torch.float32).view(1, 1, 1) if g is None else flat(g)
-    params, gate_scale = gate_args(k.device, params, gate_scale)
+    A_log, dt_bias, gate_scale = gate_args(k.device, params, gate_scale)
     gc_out = placeholder(k.device, torch.float32) if gate_in is None else flat(gc)
-    compiled(kkt_solve_kernel, *key)(flat(k), flat(beta).float(), g_in, params, sched.cu, flat(A), gc_out, HV // H,
-                                     gate_scale, *sched.grid)
+    compiled(kkt_solve_kernel, *key)(flat(k), flat(beta).float(), g_in, A_log, dt_bias, sched.cu, flat(A), gc_out,
+                                     HV // H, gate_scale, *sched.grid)
     return A, gc
 
 
 def launch_factors(key: tuple, q: torch.Tensor, k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor | None,
-                   scale: float, sched: Schedule, params: torch.Tensor | None = None,
+                   scale: float, sched: Schedule, params: tuple | None = None,
                    gate_scale: float | None = None):
     """(Qg, Kd, Kg, P, Ab, D) of a per-key-channel gate: Q ⊙ exp(gc), K ⊙ exp(gc_last - gc) and (with the delta rule,
     else None) K ⊙ exp(gc) as [B, T, HV, K], the scaled intra-chunk scores as [B, T, HV, 64] and (with the delta rule,
@@ -178,12 +181,13 @@ def launch_factors(key: tuple, q: torch.Tensor, k: torch.Tensor, g: torch.Tensor
     D = torch.empty(max(sched.num_slots, 1), HV, K, device=q.device, dtype=torch.float32)
     if sched.num_slots == 0:
         return Qg, Kd, Kg, P, Ab, D
-    params, gate_scale = gate_args(q.device, params, gate_scale)
+    A_log, dt_bias, gate_scale = gate_args(q.device, params, gate_scale)
     absent = placeholder(q.device, q.dtype)
     compiled(gla_factors_kernel, *key)(flat(q), flat(k), flat(g),
                                        flat(beta).float() if delta else placeholder(q.device, torch.float32),
-                                       params, sched.cu, flat(Qg), flat(Kd), flat(Kg) if delta else absent, flat(P),
-                                       flat(Ab) if delta else absent, D, float(scale), gate_scale, *sched.grid)
+                                       A_log, dt_bias, sched.cu, flat(Qg), flat(Kd), flat(Kg) if delta else absent,
+                                       flat(P), flat(Ab) if delta else absent, D, float(scale), gate_scale,
+                                       *sched.grid)
     return Qg, Kd, Kg, P, Ab, D
 
 
@@ -270,9 +274,9 @@ def forward(plan: Plan, q, k, v, g, beta, initial_state=None, cu_seqlens=None, *
     """Run a plan: (o [B, T, HV, V] in q's dtype, final state [N, HV, K, V] fp32 or None; o None when the plan keeps
     the state alone). g: the raw log gate ([B, T, HV] or [B, T, HV, K]), its chunk-local cumsum for a plan made
     with g_input="cumsum", or the in-kernel gate's input for a plan with a gate form (gate_params its (A_log,
-    dt_bias) per gate column, gate_scale the sigmoid form's lower bound); beta [B, T, HV] for the delta rule;
-    initial_state [N, HV, K, V]. A: the UT transform to use instead of kkt_solve's (the delta rule without
-    gla_factors, which forms Ab itself; tests isolate the state pass with it)."""
+    dt_bias), each of one of tilela._gates.param_shapes, gate_scale the sigmoid form's lower bound); beta [B, T, HV]
+    for the delta rule; initial_state [N, HV, K, V]. A: the UT transform to use instead of kkt_solve's (the delta
+    rule without gla_factors, which forms Ab itself; tests isolate the state pass with it)."""
     sched = Schedule.of(q, cu_seqlens)
     _check(plan, q, v, g, beta, initial_state, sched)
     if A is not None and (not plan.kkt or plan.kkt[5] is not None):
