@@ -56,8 +56,8 @@ GATE_FORMS = ("log", "softplus", "sigmoid")  # "log": g is the log gate itself
 
 def param_shapes(columns: tuple[int, ...]) -> dict[str, tuple[tuple[int, ...], ...]]:
     """The shapes A_log and dt_bias may take over a gate's columns (g's shape past [B, T]: (HV,) or (HV, K)): A_log
-    per value head, dt_bias per column, each or one value for all (the kernels read entry min(head or column,
-    n - 1) of n)."""
+    per value head, dt_bias per column, each or one value for all (each kernel reads a head's or a column's entry,
+    or the one value)."""
     ones = (1,) * (len(columns) - 1)
     return {"A_log": tuple(dict.fromkeys(((columns[0], *ones), (1, *ones)))),
             "dt_bias": tuple(dict.fromkeys((tuple(columns), (1, *ones))))}
@@ -65,8 +65,7 @@ def param_shapes(columns: tuple[int, ...]) -> dict[str, tuple[tuple[int, ...], .
 
 class InKernelGate(NamedTuple):
     """How the op's g gives the log gate (``apply_gate``): the form, A_log and dt_bias (of ``param_shapes`` of the
-    gate's columns), and the sigmoid form's lower bound; ``LOG_GATE`` when g is the log
-    gate."""
+    gate's columns), and the sigmoid form's lower bound; ``LOG_GATE`` when g is the log gate."""
 
     form: str
     A_log: torch.Tensor | None

@@ -75,7 +75,7 @@ def placeholder(device: torch.device, dtype: torch.dtype, shape: tuple[int, ...]
 
 def gate_args(device: torch.device, params: tuple | None, scale: float | None) -> tuple:
     """(A_log, dt_bias, scale) as the stages that form the log gate take them: FLA's in-kernel gate's A_log and
-    dt_bias (params, each of one of tilela._gates.param_shapes; one placeholder for both under the log gate) flat
+    dt_bias (params, of tilela._gates.param_shapes; one placeholder for both under the log gate) flat
     in float32 (views where they are float32 already: no kernel), and the factor on the sum (the sigmoid form's lower
     bound; 1 otherwise)."""
     scale = 1.0 if scale is None else float(scale)
@@ -274,7 +274,7 @@ def forward(plan: Plan, q, k, v, g, beta, initial_state=None, cu_seqlens=None, *
     """Run a plan: (o [B, T, HV, V] in q's dtype, final state [N, HV, K, V] fp32 or None; o None when the plan keeps
     the state alone). g: the raw log gate ([B, T, HV] or [B, T, HV, K]), its chunk-local cumsum for a plan made
     with g_input="cumsum", or the in-kernel gate's input for a plan with a gate form (gate_params its (A_log,
-    dt_bias), each of one of tilela._gates.param_shapes, gate_scale the sigmoid form's lower bound); beta [B, T, HV]
+    dt_bias) of tilela._gates.param_shapes, gate_scale the sigmoid form's lower bound); beta [B, T, HV]
     for the delta rule; initial_state [N, HV, K, V]. A: the UT transform to use instead of kkt_solve's (the delta
     rule without gla_factors, which forms Ab itself; tests isolate the state pass with it)."""
     sched = Schedule.of(q, cu_seqlens)
