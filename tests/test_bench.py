@@ -62,6 +62,25 @@ def test_markdown_ratios_and_floor():
     assert "| c | 1.0000 | 2.0000 (2.00) | 0.5000 | 2.00 |" in table
 
 
+def test_markdown_eager_columns_and_geometric_means():
+    """--report --eager: each implementation's eager ms beside its graph ms; below the table the geometric mean of
+    each ratio to the first implementation over the cases both timed (a case without the other's time is left out),
+    its range and the cases where the first is at least as fast."""
+    rec = dict(op="x", params={}, rel_err=None, floor_ms=0.5)
+    records = [dict(rec, case="a", impl="ours", ms=1.0, eager_ms=2.0), dict(rec, case="a", impl="theirs", ms=2.0,
+                                                                             eager_ms=1.0),
+               dict(rec, case="b", impl="ours", ms=1.0, eager_ms=1.0), dict(rec, case="b", impl="theirs", ms=0.5,
+                                                                             eager_ms=4.0),
+               dict(rec, case="c", impl="ours", ms=1.0)]
+    table = bench.markdown(records, eager=True)
+    assert "| case | ours ms (/ ours) | ours eager ms (/ ours) | theirs ms (/ ours) | theirs eager ms (/ ours) |" in table
+    assert "| a | 1.0000 | 2.0000 | 2.0000 (2.00) | 1.0000 (0.50) | 0.5000 | 2.00 |" in table
+    assert "| c | 1.0000 | - | - | - | 0.5000 | 2.00 |" in table
+    assert "- theirs / ours: geometric mean 1.000 over 2 cases (0.50-2.00); ours at least as fast on 1" in table
+    assert "- theirs eager / ours: geometric mean 1.414 over 2 cases (0.50-4.00); ours at least as fast on 1" in table
+    assert "eager" not in bench.markdown(records)
+
+
 def test_report_merges_result_files_later_first(tmp_path):
     """`tilela bench --report`: a later file's records of a case replace every earlier record of it (a failure too,
     and an implementation the later run did not time drops out: each row is one run); eager timings drop out;

@@ -307,8 +307,11 @@ def run(op: str, quick: bool = False, replays: int = 30, impls: list[str] | None
     return records
 
 
-def markdown(records: list[dict[str, Any]]) -> str:
-    """One row per case: each impl's ms, its ratio to the first impl, the floor and the first impl's distance."""
+def markdown(records: list[dict[str, Any]], eager: bool = False) -> str:
+    """One row per case: each impl's ms, its ratio to the first impl, the floor and the first impl's distance; with
+    eager, each impl's eager ms (host overhead and launch gaps included) and its ratio beside its graph ms. Below the
+    table, per other impl, the geometric mean of those ratios over the cases both timed (above 1: the first impl is
+    faster), their range and the cases where the first impl is at least as fast."""
     timed = [r for r in records if r.get("ms") is not None]
     impls = list(dict.fromkeys(r["impl"] for r in timed))
     lines = []
@@ -320,24 +323,37 @@ def markdown(records: list[dict[str, Any]]) -> str:
     failures = [r for r in records if r.get("error")]
     if failures:
         lines += [f"- {r['case']} {r['impl']}: {r['error']}" for r in failures] + [""]
-    head = " | ".join(f"{i} ms (/ {impls[0]})" for i in impls)
-    lines += [f"| case | {head} | floor ms | {impls[0]} / floor |", "|---" * (len(impls) + 3) + "|"]
+    if not timed:
+        return "\n".join(lines)
+    base_impl = impls[0]
+    columns = [(i, key) for i in impls for key in (("ms", "eager_ms") if eager else ("ms",))]
+    head = " | ".join(f"{i} {'eager ' if key == 'eager_ms' else ''}ms (/ {base_impl})" for i, key in columns)
+    lines += [f"| case | {head} | floor ms | {base_impl} / floor |", "|---" * (len(columns) + 3) + "|"]
+    ratios: dict[tuple[str, str], list[float]] = {column: [] for column in columns}
     for case in dict.fromkeys(r["case"] for r in timed):
         rows = {r["impl"]: r for r in timed if r["case"] == case}
-        base = rows.get(impls[0])
+        base = rows.get(base_impl)
         cells = []
-        for i in impls:
-            r = rows.get(i)
-            if r is None:
+        for i, key in columns:
+            value = rows.get(i, {}).get(key)
+            if value is None:
                 cells.append("-")
-            elif base is None or i == impls[0]:
-                cells.append(f"{r['ms']:.4f}")
+            elif base is None or base.get(key) is None or i == base_impl:
+                cells.append(f"{value:.4f}")
             else:
-                cells.append(f"{r['ms']:.4f} ({r['ms'] / base['ms']:.2f})")
+                ratios[i, key].append(value / base[key])
+                cells.append(f"{value:.4f} ({value / base[key]:.2f})")
         floor = next(iter(rows.values()))["floor_ms"]
         dist = f"{base['ms'] / floor:.2f}" if base else "-"
         lines.append(f"| {case} | " + " | ".join(cells) + f" | {floor:.4f} | {dist} |")
-    return "\n".join(lines)
+    summary = []
+    for (i, key), values in ratios.items():
+        if values:
+            mean = math.exp(sum(math.log(v) for v in values) / len(values))
+            summary.append(f"- {i}{' eager' if key == 'eager_ms' else ''} / {base_impl}: geometric mean {mean:.3f} over "
+                           f"{len(values)} cases ({min(values):.2f}-{max(values):.2f}); {base_impl} at least as fast "
+                           f"on {sum(v >= 1 for v in values)}")
+    return "\n".join(lines + ([""] + summary if summary else []))
 
 
 class ResultFileError(ValueError):
@@ -374,9 +390,10 @@ def merged(paths: list[Path], op: str | None = None) -> list[dict[str, Any]]:
 def merge(results: list[tuple[str, dict[str, Any]]], op: str | None = None) -> list[dict[str, Any]]:
     """The records of several results (file name, load_result's data) of one op: a later file's records of a case (its
     float64 checks, or its timings and their failures) replace every earlier record of that case and kind, so each
-    row of the table comes from one run (its implementations side by side); eager timings are left out (they include
-    launch gaps and host copies, so they do not compare with CUDA-graph ones). For a grid measured over several calls
-    or GPUs (benchmarks/device_pair.sh)."""
+    row of the table comes from one run (its implementations side by side); records timed eagerly because their graph
+    capture failed are left out (their ms include launch gaps and host copies, so they do not compare with CUDA-graph
+    ones; a graph-timed record's own eager_ms stays). For a grid measured over several calls or GPUs
+    (benchmarks/device_pair.sh)."""
     rows: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
     for name, data in results:
         if op is not None and data["op"] != op:
@@ -417,8 +434,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="the op to benchmark; with --report or --plot, report only its files")
     parser.add_argument("--report", type=Path, nargs="*", default=None, metavar="JSON",
                         help="print a markdown table per op of these result files (a later file's records of a case "
-                             "replace the earlier ones of it: each row is one run; eager timings left out) instead of "
-                             "running")
+                             "replace the earlier ones of it: each row is one run; implementations timed eagerly "
+                             "left out) and the geometric mean of each ratio instead of running")
+    parser.add_argument("--eager", action="store_true",
+                        help="with --report: each implementation's eager ms (one call per input set from the host, "
+                             "launch gaps and host overhead included) beside its graph ms")
     parser.add_argument("--plot", action="store_true",
                         help="write PNG charts of the result files (speed-up against FLA and FlashQLA per case, "
                              "latency against sequence length) instead of running; needs matplotlib")
@@ -474,7 +494,7 @@ def _report_and_plot(parser: argparse.ArgumentParser, args: argparse.Namespace) 
             for op, records in by_op.items():
                 if len(by_op) > 1:
                     print(f"## {op}\n")
-                print(markdown(records) + ("\n" if len(by_op) > 1 else ""))
+                print(markdown(records, args.eager) + ("\n" if len(by_op) > 1 else ""))
         if args.plot:
             for path in charts(by_op, args.out_dir):
                 print(f"written {path}")

@@ -9,6 +9,8 @@ Implementations (all given cu_seqlens and, where they take it, its host copy):
   tilela      tilela.chunk_gated_delta_rule (TileLang kernels end to end; long sequences split across CTAs where
               kernels.hopper.plan.auto_split says so)
   tilela_unsplit  the same pipeline with the split off (only the cases the op splits), to show what it gains
+  tilela_cumsum_first  the same pipeline with the gate summed by the chunk-local cumsum stage (its own launch)
+              and kkt_solve reading gc, in place of kkt_solve summing the raw gate in its tiles
   fla         fla.ops.gated_delta_rule.chunk_gated_delta_rule with FLA_FLASH_QLA=0 (Triton)
   flash_qla   flash_qla.chunk_gated_delta_rule (TileLang)
 Grid: head configs (h_qk/h_v) 2/8, 4/16, 8/24, 16/32, 16/64, 32/32 x layouts 1x32768, 1x8192, 1x2048,
@@ -128,6 +130,16 @@ def _ours_unsplit(case, x):
     return ours_variant(x, case.params["lengths"], case.params["K"], "scalar", split=None)
 
 
+def _ours_cumsum_first(case, x):
+    """None on the model-call cases, as _ours_unsplit."""
+    import tilela
+
+    if case.params["l2norm"]:
+        return None
+    gc = tilela.chunk_local_cumsum(x["g"], CHUNK, x.get("cu_seqlens"), cu_seqlens_cpu=x.get("cu_seqlens_cpu"))
+    return ours_variant(dict(x, g=gc), case.params["lengths"], case.params["K"], "scalar", g_input="cumsum")
+
+
 def _fla(case, x):
     fla = _try_import("fla.ops.gated_delta_rule")
     if fla is None:
@@ -175,7 +187,8 @@ BENCH = Bench(
     check_cases=[_case((2, 8), "1x2048", "mixed", (2048,)), _case((2, 6), "300+1+77+64", "decay", (300, 1, 77, 64)),
                  _case((2, 4), "200+1+63", "mixed", (200, 1, 63), l2norm=True)],
     make_inputs=make_inputs,
-    impls={"tilela": _ours, "tilela_unsplit": _ours_unsplit, "fla": _fla, "flash_qla": _flash_qla},
+    impls={"tilela": _ours, "tilela_unsplit": _ours_unsplit, "tilela_cumsum_first": _ours_cumsum_first, "fla": _fla,
+           "flash_qla": _flash_qla},
     reference=_reference,
     cost=cost,
 )
