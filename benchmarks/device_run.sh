@@ -9,7 +9,11 @@
 #   BENCH_TIMEOUT_<op> for one op; DEADLINE (epoch seconds) cuts every benchmark short of it. TEST_PROCS: pytest-xdist
 #   workers for the GPU tests (default 16: the tests' TileLang compiles then run in parallel on the host's cores),
 #   each with nproc / TEST_PROCS torch threads unless OMP_NUM_THREADS is set.
-#   BENCH_ARGS: extra arguments for every `tilela bench` (e.g. --cases ...). TESTS: test paths or node ids (default
+#   BENCH_ARGS: extra arguments for every `tilela bench` (e.g. --cases ...). WARM_PROCS=N: before an op is timed, its
+#   cases (WARM_CASES, comma-separated, else the op's --quick or full list) run once in N processes at once with
+#   every implementation but FLA, so FlashQLA's TileLang JIT and any kernel the cache misses compile in parallel
+#   (FLA stays out: its Triton autotuning times configurations, which N processes on one GPU would skew); a bare
+#   machine then times the whole GDN grid against FlashQLA in one call. TESTS: test paths or node ids (default
 #   tests; a node id that does not exist, e.g. after a parametrisation changed, makes pytest collect nothing).
 # Caches (benchmarks/device_cache.sh): .devrun/*.tar.xz unpacked into the kernel caches first (build the TileLang
 # part on a CPU machine: `python benchmarks/precompile.py`, same TILELANG_CACHE_DIR / TILELANG_DEFAULT_TARGET);
@@ -62,7 +66,31 @@ if [ -n "$tests" ]; then
     | sed 's/^/unfinished: /' | head -40
   echo "tests: $(( $(date +%s) - t0 )) s"
 fi
+warm() {  # op: its cases once, one replay, no checks, in WARM_PROCS processes (their results dropped)
+  local listing impls cases p i sub
+  listing=$(python - "$1" "$quick" <<'PY'
+import importlib, sys
+from tilela.bench import OPS
+bench = importlib.import_module(OPS[sys.argv[1]]).BENCH
+print(",".join(impl for impl in bench.impls if impl != "fla"))
+print(" ".join(case.name for case in bench.cases(sys.argv[2] == "--quick")))
+PY
+)
+  impls=${listing%%$'\n'*}
+  read -ra cases <<< "${listing#*$'\n'}"
+  [ -n "$WARM_CASES" ] && IFS=, read -ra cases <<< "$WARM_CASES"
+  for ((p = 0; p < WARM_PROCS; p++)); do
+    sub=""
+    for ((i = p; i < ${#cases[@]}; i += WARM_PROCS)); do sub+="${cases[$i]},"; done
+    [ -z "$sub" ] && continue
+    timeout "${WARM_TIMEOUT:-200}" python -m tilela.cli bench --op "$1" --impls "$impls" --no-checks --replays 1 \
+      --cases "${sub%,}" --out "/tmp/warm-$1-$p.json" > "$OUT/warm_$1_$p.log" 2>&1 &
+  done
+  wait
+  echo "warm-up of $1 (${#cases[@]} cases, $WARM_PROCS processes): $(( $(date +%s) - t0 )) s"
+}
 for op in ${bench:+"${@:-gdn}"}; do
+  [ "${WARM_PROCS:-0}" -gt 0 ] && warm "$op"
   limit=BENCH_TIMEOUT_$op  # per op, else BENCH_TIMEOUT
   limit=${!limit:-${BENCH_TIMEOUT:-300}}
   # DEADLINE (epoch seconds): leave 30 s for the cache's tarball
