@@ -349,8 +349,8 @@ def markdown(records: list[dict[str, Any]], eager: bool = False) -> str:
     summary = []
     for (i, key), values in ratios.items():
         if values:
-            mean = math.exp(sum(math.log(v) for v in values) / len(values))
-            summary.append(f"- {i}{' eager' if key == 'eager_ms' else ''} / {base_impl}: geometric mean {mean:.3f} over "
+            summary.append(f"- {i}{' eager' if key == 'eager_ms' else ''} / {base_impl}: geometric mean "
+                           f"{statistics.geometric_mean(values):.3f} over "
                            f"{len(values)} cases ({min(values):.2f}-{max(values):.2f}); {base_impl} at least as fast "
                            f"on {sum(v >= 1 for v in values)}")
     return "\n".join(lines + ([""] + summary if summary else []))
