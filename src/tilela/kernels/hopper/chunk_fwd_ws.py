@@ -34,6 +34,9 @@ producer, state and value the mainloop, output the epilogue):
     output  (threads 256-383)  P = Q K^T (before S is ready; loaded with a per-channel gate), Q S, O = ... + P Vnew,
                                stores O (of the odd chunks where the value group takes the even ones); without
                                output: idle
+    chain   (threads 0-255)    the delta rule with output at DV block K under a scalar gate or none (chain_halves):
+                               in place of state and value, two groups each running the state's and the value's
+                               work for half of the block's columns (each chain is independent of the other half)
     load    (threads 384-511)  TMA warp: q (for the output), k, v, A (delta rule), P and Kg (per-channel gate);
                                gate warp: gc, beta (or the chunk's D)
                                loaded GATE_AHEAD chunks ahead into registers, written with exp(gc), exp(gc_last - gc)
@@ -47,8 +50,11 @@ chunk c waits parity (c // n + 1) % 2, which a fresh barrier passes: the first n
     loaded / consumed    load -> the chunk's readers     q, k, v, A, gc, beta (D)   2 to 4, 3 delta rule (stages)
     landed               TMA warp -> gate warp           a last chunk's tail bufs   per slot (loaded[n + s]), once
     S_ready / S_read     state -> value, output          S_s                        2
+                         (both chain groups -> output)
     Vd_ready / Vd_read   value or Vd writers -> state    Vd_s                       1 delta rule, 2 plain update
-    Vn_ready / Vn_read   value -> output (and state)     Vnew_s (delta rule)        2 to block_DV = 64, 1 above
+                         (none with chain groups: each writes Vd over its R and reads it back)
+    Vn_ready / Vn_read   value -> output (and state)     Vnew_s (delta rule)        2 to block_DV = 64, 1 above,
+                         (both chain groups -> output)                              2 with chain groups
 The recurrence's critical path is S_s -> K S -> A R -> K^T Vd -> S_s (S_s -> Kg S -> Ab (-Kg S) -> K^T Vnew -> S_s
 under the per-channel gate). P = Q K^T, Q S, P Vnew and the store run
 beside it in the output group, a chunk behind at most (two S_s slots: the state never waits for Q S of the chunk it
@@ -98,6 +104,9 @@ STATE_REGS = 160
 VALUE_REGS = 152
 OUTPUT_REGS = 144
 LOAD_REGS = 56
+# with two chain groups (WsConfig.chain_halves), 160 + 160 + 136 + 56: each holds half of S and its R and Vnew
+CHAIN_REGS = 160
+CHAIN_OUTPUT_REGS = 136
 SHARED_BYTES = 226 * 1024  # of the 227 KiB a CTA may take, 1 KiB left for barriers and alignment
 GATE_AHEAD = 2  # chunks whose gate loads (gc, beta, D) the gate warp keeps in flight
 
@@ -174,6 +183,11 @@ class WsConfig:
     """The value group writes Vd_s (with the delta rule after R and Vnew, then Vnew_s; Vnew_s alone under
     vnew_is_vd); else it is an output group (two_output_groups) or idles (the state pass alone with K^T V from the
     input slots)."""
+    chain_halves: bool
+    """The delta rule with output at block_DV = K under a scalar gate or none: the state and value groups give way to
+    two chain groups, each running the whole recurrence (S, K S, A R, K^T Vd) for half of the DV block's columns, so
+    the SM interleaves two independent chains of half the width; each writes Vd over its R in v_s (no Vd_s), and
+    the output group waits for both halves of S_s and Vnew_s."""
     vnew_is_vd: bool
     """The per-channel delta rule: Vd = Vnew (the decay is in Kd, and Vnew's rows past the sequence end are zero:
     so are Ab's and Kg's there), so the state group adds K^T Vnew from Vnew_s, which the output group reads too;
@@ -182,7 +196,8 @@ class WsConfig:
     """loaded / consumed: q, k, Kg, v, A, P, gc, beta, D from the load group to the groups that read them. Slots: as
     many as shared memory holds beside the fixed buffers, 2 to 4 (3 with the delta rule). Writers: the TMA warp
     and the gate warp (which zeroes a last chunk's tail rows first, module docstring). Readers: the state group,
-    the chunk's output group, a value group that writes Vd_s, the Vd writers."""
+    the chunk's output group, a value group that writes Vd_s, the Vd writers (the two chain groups in place of
+    the state and value groups)."""
     S_ring: Ring | None
     """S_ready / S_read: S_s from the state group to the value group (delta rule) and the chunk's output group, two
     slots (the state never waits for Q S of the chunk it just left). None: S_s has no readers."""
@@ -218,13 +233,16 @@ class WsConfig:
         vd_writers = two_output_groups and not kv_from_inputs
         value_writes_vd = not two_output_groups and not kv_from_inputs
         vnew_is_vd = channel and delta
-        S_readers = 1 if two_output_groups else int(delta) + int(store_output)  # warp groups reading S_s
-        Vd_slots, Vn_slots = vd_slots(delta), 2 if block_DV <= 64 else 1
-        S_ring = Ring("S_ready", "S_read", 2, GROUP, S_readers * GROUP) if S_readers else None
-        Vd_ring = None if kv_from_inputs or vnew_is_vd else Ring("Vd_ready", "Vd_read", Vd_slots,
-                                                                  64 if vd_writers else GROUP, GROUP)
+        chain_halves = delta and not channel and store_output and block_DV == K
+        writers = 2 * GROUP if chain_halves else GROUP  # of S_s and Vnew_s
+        # warp groups reading S_s: the output group, and the value group unless it is a chain group
+        S_readers = 1 if two_output_groups or chain_halves else int(delta) + int(store_output)
+        Vd_slots, Vn_slots = vd_slots(delta), 2 if block_DV <= 64 or chain_halves else 1
+        S_ring = Ring("S_ready", "S_read", 2, writers, S_readers * GROUP) if S_readers else None
+        Vd_ring = None if kv_from_inputs or vnew_is_vd or chain_halves else Ring(
+            "Vd_ready", "Vd_read", Vd_slots, 64 if vd_writers else GROUP, GROUP)
         Vn_readers = int(store_output) + int(vnew_is_vd)  # the output group; the state group under vnew_is_vd
-        Vn_ring = Ring("Vn_ready", "Vn_read", Vn_slots, GROUP, Vn_readers * GROUP) if delta and Vn_readers else None
+        Vn_ring = Ring("Vn_ready", "Vn_read", Vn_slots, writers, Vn_readers * GROUP) if delta and Vn_readers else None
         slot = [buffer for buffer, used in (  # one input slot of each: q, k, Kg, v, gc, exp(gc), ed, A, P, beta, D
             (Shared("q_s", (C, K)), store_output),
             (Shared("k_s", (C, K)), True),
@@ -254,7 +272,7 @@ class WsConfig:
         return cls(
             K=K, V=V, gate=gate, delta=delta, block_DV=block_DV, store_output=store_output, NV=V // block_DV,
             scalar=scalar, channel=channel, two_output_groups=two_output_groups, kv_from_inputs=kv_from_inputs,
-            vd_writers=vd_writers, value_writes_vd=value_writes_vd, vnew_is_vd=vnew_is_vd,
+            vd_writers=vd_writers, value_writes_vd=value_writes_vd, chain_halves=chain_halves, vnew_is_vd=vnew_is_vd,
             inputs=Ring("loaded", "consumed", stages, 64,
                         GROUP * (1 + int(store_output) + int(value_writes_vd)) + 64 * int(vd_writers)),
             S_ring=S_ring, Vd_ring=Vd_ring, Vn_ring=Vn_ring,
@@ -341,21 +359,27 @@ def chunk_fwd_ws_kernel(
         T.barrier_arrive(smem.Vd_ready[Vd_ring.slot(c)])
 
     @T.macro
-    def state_group(smem, cta, S_f, h0, ht):
-        """S for the whole sequence: per chunk, hand its 16-bit copy to S_s, decay S, add K^T Vd (or K^T V)."""
-        decay = T.alloc_local([1], accum)
+    def initial_state(cta, S_f, h0, v0, cols):
+        """S_f <- the entering state of columns v0 ... v0 + cols: the warm-up's h0 row (zero where none), h0, the
+        transitions' [0 | I] or zero."""
         if warmup and store_output:
             if cta.h0_row >= 0:
-                T.copy(h0[cta.h0_row, cta.bh, 0:K, cta.v0 : cta.v0 + block_DV], S_f)
+                T.copy(h0[cta.h0_row, cta.bh, 0:K, v0 : v0 + cols], S_f)
             else:
                 T.clear(S_f)
         elif use_initial_state:
-            T.copy(h0[cta.bn, cta.bh, 0:K, cta.v0 : cta.v0 + block_DV], S_f)
+            T.copy(h0[cta.bn, cta.bh, 0:K, v0 : v0 + cols], S_f)
         elif extended:  # [0 | I]: column K + i of row i
-            for i, j in T.Parallel(K, block_DV):
-                S_f[i, j] = T.if_then_else(cta.v0 + j == K + i, 1.0, 0.0)
+            for i, j in T.Parallel(K, cols):
+                S_f[i, j] = T.if_then_else(v0 + j == K + i, 1.0, 0.0)
         else:
             T.clear(S_f)
+
+    @T.macro
+    def state_group(smem, cta, S_f, h0, ht):
+        """S for the whole sequence: per chunk, hand its 16-bit copy to S_s, decay S, add K^T Vd (or K^T V)."""
+        decay = T.alloc_local([1], accum)
+        initial_state(cta, S_f, h0, cta.v0, block_DV)
         for c in T.serial(cta.n_chunks):
             slot = inputs.slot(c)
             T.barrier_wait(smem.loaded[slot], inputs.ready_parity(c))
@@ -415,6 +439,46 @@ def chunk_fwd_ws_kernel(
             if Vn_ring is not None:
                 publish(smem, Vn_ring, c, Vn_f, smem.Vn_s)
             T.barrier_arrive(smem.consumed[slot])
+
+    @T.macro
+    def chain_group(smem, cta, j0, S_f, R_f, Vn_f, h0, ht):
+        """The whole recurrence for columns j0 ... j0 + block_DV / 2 of the DV block (cfg.chain_halves): per chunk,
+        S's 16-bit copy to its half of S_s, K S -> R = beta (V - exp(gc) K S) (over V's half in v_s) -> Vnew = A R
+        -> Vd = exp(gc_last - gc) Vnew (over R), S <- exp(gc_last) S + K^T Vd; Vnew to its half of Vnew_s."""
+        cols = block_DV // 2
+        decay = T.alloc_local([1], accum)
+        initial_state(cta, S_f, h0, cta.v0 + j0, cols)
+        for c in T.serial(cta.n_chunks):
+            slot, s, n = inputs.slot(c), S_ring.slot(c), Vn_ring.slot(c)
+            T.barrier_wait(smem.loaded[slot], inputs.ready_parity(c))
+            T.barrier_wait(smem.S_read[s], S_ring.free_parity(c))
+            T.copy(S_f, smem.S_s[s, :, j0 : j0 + cols])
+            T.fence_proxy_async()
+            T.barrier_arrive(smem.S_ready[s])
+            T.gemm(smem.k_s[slot, :, :], smem.S_s[s, :, j0 : j0 + cols], R_f, clear_accum=True)
+            for i, j in T.Parallel(C, cols):
+                if scalar:
+                    R_f[i, j] = smem.beta_s[slot, i] * (smem.v_s[slot, i, j0 + j] - smem.eg_s[slot, i] * R_f[i, j])
+                else:
+                    R_f[i, j] = smem.beta_s[slot, i] * (smem.v_s[slot, i, j0 + j] - R_f[i, j])
+            T.copy(R_f, smem.v_s[slot, :, j0 : j0 + cols])
+            T.fence_proxy_async()
+            T.gemm(smem.A_s[slot, :, :], smem.v_s[slot, :, j0 : j0 + cols], Vn_f, clear_accum=True)
+            for i, j in T.Parallel(C, cols):
+                smem.v_s[slot, i, j0 + j] = smem.ed_s[slot, i] * Vn_f[i, j]
+            T.fence_proxy_async()
+            if scalar:
+                decay[0] = smem.eg_s[slot, C - 1]
+                for i, j in T.Parallel(K, cols):
+                    S_f[i, j] = S_f[i, j] * decay[0]
+            T.gemm(smem.k_s[slot, :, :], smem.v_s[slot, :, j0 : j0 + cols], S_f, transpose_A=True)
+            T.barrier_wait(smem.Vn_read[n], Vn_ring.free_parity(c))
+            T.copy(Vn_f, smem.Vn_s[n, :, j0 : j0 + cols])
+            T.fence_proxy_async()
+            T.barrier_arrive(smem.Vn_ready[n])
+            T.barrier_arrive(smem.consumed[slot])
+        if store_final_state:
+            T.copy(S_f, ht[cta.bn, cta.bh, 0:K, cta.v0 + j0 : cta.v0 + j0 + cols])
 
     @T.macro
     def output_chunk(c, P_s, P_f, O_f, smem, o, bb, bh, v0, t_start, t_out, t_end):
@@ -598,11 +662,15 @@ def chunk_fwd_ws_kernel(
             v0 = bv * block_DV
             smem = allocate_shared(cfg, dtype)
 
-            KS_f = Vn_f = P_f = O2_f = P2_f = None
-            S_f = T.alloc_fragment([K, block_DV], accum)
-            if delta:
-                KS_f = T.alloc_fragment([C, block_DV], accum)
-                Vn_f = T.alloc_fragment([C, block_DV], accum)
+            S_f = KS_f = Vn_f = P_f = O2_f = P2_f = halves = None
+            if cfg.chain_halves:  # each chain group's S, R and Vnew: (S_f, R_f, Vn_f) of its half of the columns
+                halves = [tuple(T.alloc_fragment([rows, block_DV // 2], accum) for rows in (K, C, C))
+                          for _ in range(2)]
+            else:
+                S_f = T.alloc_fragment([K, block_DV], accum)
+                if delta:
+                    KS_f = T.alloc_fragment([C, block_DV], accum)
+                    Vn_f = T.alloc_fragment([C, block_DV], accum)
             O_f = T.alloc_fragment([C, block_DV], accum)
             if not channel:
                 P_f = T.alloc_fragment([C, C], accum)
@@ -644,10 +712,17 @@ def chunk_fwd_ws_kernel(
 
             tx = T.get_thread_binding()
             if tx < GROUP:
-                T.set_max_nreg(STATE_REGS, 1)
-                state_group(smem, cta, S_f, h0, ht)
+                if cfg.chain_halves:
+                    T.set_max_nreg(CHAIN_REGS, 1)
+                    chain_group(smem, cta, 0, *halves[0], h0, ht)
+                else:
+                    T.set_max_nreg(STATE_REGS, 1)
+                    state_group(smem, cta, S_f, h0, ht)
             elif tx < 2 * GROUP:  # value
-                if cfg.two_output_groups:
+                if cfg.chain_halves:
+                    T.set_max_nreg(CHAIN_REGS, 1)
+                    chain_group(smem, cta, block_DV // 2, *halves[1], h0, ht)
+                elif cfg.two_output_groups:
                     T.set_max_nreg(VALUE_REGS, 1)
                     output_group(0, P2_f, O2_f, smem, cta, o)
                 elif cfg.value_writes_vd:
@@ -657,7 +732,7 @@ def chunk_fwd_ws_kernel(
                     T.set_max_nreg(LOAD_REGS, 0)
             elif tx < 3 * GROUP:  # output
                 if store_output:
-                    T.set_max_nreg(OUTPUT_REGS, 1)
+                    T.set_max_nreg(CHAIN_OUTPUT_REGS if cfg.chain_halves else OUTPUT_REGS, 1)
                     output_group(1, P_f, O_f, smem, cta, o)
                 else:  # the state pass alone: idle
                     T.set_max_nreg(LOAD_REGS, 0)

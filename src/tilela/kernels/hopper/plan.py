@@ -49,7 +49,8 @@ L2NORM_DIMS = (64, 128, 256)
 # ---- cost model (data) -------------------------------------------------------------------------------------------
 # (update rule, K / DV block, output group on) -> chunk period in us; where each comes from (benchmarks/NOTES.md and
 # the result files it names):
-#   gdn, with output     "DV blocks of K / 4: the pass 24-32% faster below one wave"; K / 4 at its full-GPU period
+#   gdn, with output     "DV blocks of K / 4: the pass 24-32% faster below one wave"; K / 4 at its full-GPU period;
+#                        K / 1 (two chain groups) from "two chain groups at DV block K" (8192x4 h32/32, one wave)
 #   gdn, without output  "The sequence split: measured, modelled, switched on" (the transitions, value [V | 0]);
 #                        K / 4 without output never measured, so never picked
 #   delta                gdn's, and K / 8 from "the plain update's lean split, two output groups, K / 8 for delta_rule"
@@ -60,7 +61,7 @@ L2NORM_DIMS = (64, 128, 256)
 #                        --op kda --impls tilela_dv16,tilela_dv32,tilela_dv64 --profile` measures them); without
 #                        output (the split's transitions on [V | 0]) from "KDA's sequence split" (one wave of 128
 #                        CTAs, 128-512 chunks)
-_GDN_US = {(4, True): 1.86, (2, True): 2.3, (1, True): 4.1, (2, False): 2.2, (1, False): 4.2}
+_GDN_US = {(4, True): 1.86, (2, True): 2.3, (1, True): 3.7, (2, False): 2.2, (1, False): 4.2}
 CHUNK_US = {
     **{("gdn", *key): us for key, us in _GDN_US.items()},
     **{("delta", *key): us for key, us in _GDN_US.items()},
