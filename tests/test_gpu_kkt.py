@@ -114,7 +114,8 @@ def test_kkt_solve(chunk, method, gate, dtype, kind, heads):
     assert offdiag_err(A, ref, cu) < TOL[dtype]
 
 
-# per-key-channel gate (KDA): every chunk / method, bf16 and fp16, dense and varlen, GVA 2 (one value head per pass)
+# per-key-channel gate (KDA): every chunk / method, bf16 and fp16, dense and varlen, GVA 2 (one value head per pass);
+# the two value heads in turn in one CTA (dense) or side by side (varlen)
 CHANNEL_CASES = [(c, m, dtype, kind) for c, m in KKT_METHODS for dtype in (torch.bfloat16, torch.float16)
                  for kind in ("dense", "varlen")]
 
@@ -134,7 +135,7 @@ def test_kkt_solve_per_channel_gate(chunk, method, dtype, kind):
     key = plan.kkt_key(chunk, method, hopper.DTYPE_NAMES[dtype], "channel", HV // H)
     k_dev = k.to(DEV)
     A, _ = launch.launch_kkt(key, k_dev, beta.to(DEV), gc.to(DEV),
-                             launch.Schedule.of(k_dev, None if cu is None else cu.to(DEV)))
+                             launch.Schedule.of(k_dev, None if cu is None else cu.to(DEV)), 2 if cu is None else 1)
     ref = reference.kkt_solve(k, beta, gc, chunk, cu)
     assert A.dtype == dtype and A.shape == (B, T, HV, chunk)
     assert torch.isfinite(A).all()
@@ -196,7 +197,8 @@ def test_kkt_solve_sums_the_scalar_gate(g_dtype, form, heads):
     followed by kkt_solve on gc (the same float32 sums in the same order; nvcc may fuse the softplus form's product
     into the cumsum stage's add, a last-bit difference), and A against the float64 stack;
     varlen with 1-token sequences, GVA 2 (two value heads per pass) and 3 (one), the log gate and FLA's softplus
-    in-kernel gate with its (a, b) per value head and a -30 reset token."""
+    in-kernel gate with its (a, b) per value head and a -30 reset token; the fused launch with its groups of value
+    heads side by side, the stage's in turn (plan.kkt_group_steps' two choices)."""
     gen = torch.Generator().manual_seed(len(form) + heads[1])
     B, T, cu = layout("varlen", gen)
     (H, HV), K = heads, 128
@@ -215,11 +217,11 @@ def test_kkt_solve_sums_the_scalar_gate(g_dtype, form, heads):
     sched = launch.Schedule.of(k_dev, cu_dev)
     dtype, gd = hopper.DTYPE_NAMES[torch.bfloat16], hopper.DTYPE_NAMES[g_dtype]
     p_dev = None if params is None else params.to(DEV)
-    A, gc = launch.launch_kkt(plan.kkt_key(64, "blocked", dtype, "scalar", HV // H, (gd, form)), k_dev,
-                              beta.to(DEV), raw.to(DEV), sched, None, p_dev)
+    fused = plan.kkt_key(64, "blocked", dtype, "scalar", HV // H, (gd, form))
+    A, gc = launch.launch_kkt(fused, k_dev, beta.to(DEV), raw.to(DEV), sched, 1, None, p_dev)  # groups side by side
     gc_stage = launch.launch_cumsum((64, gd, form), raw.to(DEV), sched, None, p_dev)
-    A_stage, _ = launch.launch_kkt(plan.kkt_key(64, "blocked", dtype, "scalar", HV // H), k_dev, beta.to(DEV),
-                                   gc_stage, sched)
+    stage = plan.kkt_key(64, "blocked", dtype, "scalar", HV // H)
+    A_stage, _ = launch.launch_kkt(stage, k_dev, beta.to(DEV), gc_stage, sched, -(-HV // H // stage[4]))  # in turn
     torch.testing.assert_close(gc, gc_stage, rtol=1e-6, atol=1e-6)
     assert rel_l2(A, A_stage) < 1e-3
     ref = reference.kkt_solve(k, beta, reference.chunk_local_cumsum(g, 64, cu), 64, cu)

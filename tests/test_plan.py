@@ -67,6 +67,19 @@ def _plan(**kw):
     return make_plan(**dict(args, **kw))
 
 
+@pytest.mark.parametrize("lengths,H,HV,steps", [
+    ([512], 2, 8, 1),  # 8 tiles x 2 heads: each pair of value heads in a CTA of its own
+    ([1024] * 8, 2, 6, 1),  # 256 CTAs, under two per SM: three groups of one value head side by side
+    ([2048], 16, 64, 2),  # 512 CTAs: a q/k head's two pairs in turn, K K^T formed once
+    ([8192] * 4, 8, 24, 3),
+    ([8192] * 4, 32, 32, 1),  # one value head per q/k head: one group either way
+])
+def test_kkt_runs_value_head_groups_side_by_side_on_small_grids(lengths, H, HV, steps):
+    plan = _plan(H=H, HV=HV, lengths=lengths, tokens=sum(lengths), varlen=len(lengths) > 1)
+    assert plan.kkt_steps == steps
+    assert _plan(H=H, HV=HV, lengths=lengths, tokens=sum(lengths), gate="channel").kkt_steps is None  # gla_factors
+
+
 def test_gdn_plan_names_its_stages_once():
     plan = _plan(H=2, HV=8, lengths=[2048], tokens=2048)  # kkt_solve sums the gate: no cumsum stage
     assert plan.cumsum is None and plan.kkt == (64, "blocked", "bfloat16", "scalar", 2, ("float32", "log"))

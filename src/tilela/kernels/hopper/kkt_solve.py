@@ -7,9 +7,10 @@ Gamma = 1). Mirrors reference.kkt.kkt_solve with reference.inverse.blocked_inver
 recursion over reference.inverse.neumann_inverse_16 ("neumann"); seeds 000 (blocked recursion) and 003
 (Neumann 16x16).
 
-One CTA owns a 64-row tile of one sequence and one q/k head: K K^T is formed once (bf16/fp16 wgmma, fp32
-accumulator), its ten lower 16x16 blocks are kept in shared memory, and the head's G value heads are processed
-P at a time from them (P = 2 when G is even: the forward substitution then keeps all 128 threads busy). With a
+One CTA owns a 64-row tile of one sequence and P of the G value heads of one q/k head (P = 2 when G is even: the
+forward substitution then keeps all 128 threads busy; the head's groups of P run in CTAs of their own, side by
+side): K K^T is formed (bf16/fp16 wgmma, fp32 accumulator) and its ten lower 16x16 blocks are kept in shared
+memory for the P value heads. With a
 per-key-channel gate (KDA: Gamma_ijd = exp(g_id - g_jd)) the scores differ per value head: each value head forms
 its own ten blocks, one 64x64 product per 16-row block against a reference gate (gated_kkt), P = 1, from a gc tile
 in shared memory read once per value head (the loop pass's pipeline; before the warp-specialised pass gla_factors.py
@@ -188,7 +189,8 @@ def kkt_solve_kernel(chunk: int, method: str, dtype: str, gate: str, pair: int, 
     per value head walks the tile's rows) and writes to gc for the state pass, so no cumsum launch runs before it;
     A_log and dt_bias its in-kernel gate's parameters (each per value head or one value) and gate_scale the factor on
     the sum (placeholders and 1 otherwise). Every size (tokens, heads, K, sequences) is symbolic, so a new T, head
-    count or varlen layout reuses the compiled kernel."""
+    count or varlen layout reuses the compiled kernel; so is group_steps, the groups of P value heads a CTA runs in
+    turn (plan.kkt_group_steps; the grid's third dimension spans the rest)."""
     C, P = chunk, pair
     scalar, channel = gate == "scalar", gate == "channel"
     row_blocks = tuple(range(TILE // BLOCK))
@@ -267,12 +269,14 @@ def kkt_solve_kernel(chunk: int, method: str, dtype: str, gate: str, pair: int, 
         A: T.Tensor((1, num_tokens, HV, C), dtype),
         gc: T.Tensor((1, gc_tokens, g_heads) if gate_in else (1,), ACC),
         G: T.int32,
+        group_steps: T.int32,
         gate_scale: T.float32,
         num_slots: T.int32,
         dense_len: T.int32,
         search_steps: T.int32,
     ):
-        with T.Kernel(num_slots, H, threads=THREADS) as (slot, hk):
+        groups = T.ceildiv(G, P)  # of P value heads per q/k head, group_steps of them a CTA in turn
+        with T.Kernel(num_slots, H, T.ceildiv(groups, group_steps), threads=THREADS) as (slot, hk, bz):
             tx = T.get_thread_binding()
             T.annotate_min_blocks_per_sm(CHANNEL_MIN_BLOCKS if channel else MIN_BLOCKS)
             bounds = T.alloc_local((2,), "int32")
@@ -295,7 +299,7 @@ def kkt_solve_kernel(chunk: int, method: str, dtype: str, gate: str, pair: int, 
                     Qr = T.alloc_shared((TILE, KSTEP), score_dtype)  # k_i exp(g_i - R_a(i))
                     Kr = T.alloc_shared((TILE, KSTEP), score_dtype)  # k_j exp(R_a - g_j), j in a's chunk, j < a's end
 
-                # K K^T of the tile, shared by the G value heads of q/k head hk; its lower blocks go to shared
+                # K K^T of the tile for the P value heads of q/k head hk; its lower blocks go to shared
                 if not channel:
                     T.clear(KK)
                     for kb in T.serial(T.ceildiv(K, KSTEP)):
@@ -305,44 +309,46 @@ def kkt_solve_kernel(chunk: int, method: str, dtype: str, gate: str, pair: int, 
                         if i // BLOCK >= j // BLOCK:
                             KKs[(i // BLOCK) * (i // BLOCK + 1) // 2 + j // BLOCK, i % BLOCK, j % BLOCK] = KK[i, j]
 
-                for grp in T.serial(T.ceildiv(G, P)):
-                    hv0 = hk * G + grp * P
-                    for p, i in T.Parallel(P, TILE):
-                        live = (i < rows) and (grp * P + p < G)
-                        beta_s[p, i] = T.if_then_else(live, beta[0, start + i, hv0 + p], 0.0)
-                        if scalar and gate_in is None:
-                            g_s[p, i] = T.if_then_else(live, g[0, start + i, hv0 + p] * LOG2E, 0.0)
-                        elif scalar:  # the formed, floored gate; summed below
-                            g_s[p, i] = T.if_then_else(live, floored_log_gate(
-                                T.cast(g[0, start + i, hv0 + p], ACC),
-                                exp_e(A_log[T.min(hv0 + p, num_a - 1)]), dt_bias[T.min(hv0 + p, num_b - 1)], form),
-                                0.0)
-                    if gate_in is not None:
-                        chunk_cumsum(g_s, gc, start, rows, hv0, G - grp * P, gate_scale, tx)
-                    if channel:  # k_s is the previous value head's output staging
-                        T.copy(k[0, start:start + TILE, hk, 0:KSTEP], k_s)
-                        gate_tile(g, start, end, hv0, K, gc_s)
-                        gated_kkt(k_s, gc_s, Qr, Kr, KK, KKs)
+                for step in T.serial(group_steps):
+                    grp = bz * group_steps + step
+                    if grp < groups:
+                        hv0 = hk * G + grp * P
+                        for p, i in T.Parallel(P, TILE):
+                            live = (i < rows) and (grp * P + p < G)
+                            beta_s[p, i] = T.if_then_else(live, beta[0, start + i, hv0 + p], 0.0)
+                            if scalar and gate_in is None:
+                                g_s[p, i] = T.if_then_else(live, g[0, start + i, hv0 + p] * LOG2E, 0.0)
+                            elif scalar:  # the formed, floored gate; summed below
+                                g_s[p, i] = T.if_then_else(live, floored_log_gate(
+                                    T.cast(g[0, start + i, hv0 + p], ACC),
+                                    exp_e(A_log[T.min(hv0 + p, num_a - 1)]), dt_bias[T.min(hv0 + p, num_b - 1)], form),
+                                    0.0)
+                        if gate_in is not None:
+                            chunk_cumsum(g_s, gc, start, rows, hv0, G - grp * P, gate_scale, tx)
+                        if channel:  # the value head's own scores
+                            T.copy(k[0, start:start + TILE, hk, 0:KSTEP], k_s)
+                            gate_tile(g, start, end, hv0, K, gc_s)
+                            gated_kkt(k_s, gc_s, Qr, Kr, KK, KKs)
 
-                    # extraction: I + L on the diagonal blocks, -L_10 and -M_10 off them (L_ij, i > j, same chunk)
-                    Xd, Lo, M10 = inv.Xd, inv.Lo, inv.M10
-                    for p, b, r, c in T.Parallel(P, NB, BLOCK, BLOCK):
-                        Xd[p * NB + b, r, c] = T.if_then_else(
-                            r == c, 1.0, T.if_then_else(c < r, scaled(KKs, beta_s, g_s, rows, p, b, b, r, c), 0.0))
-                    if C >= 32:
-                        for p, h, r, c in T.Parallel(P, NB // 2, BLOCK, BLOCK):
-                            Lo[p * 2 + h, r, c] = -scaled(KKs, beta_s, g_s, rows, p, 2 * h + 1, 2 * h, r, c)
-                    if C == 64:
-                        for p, r, c in T.Parallel(P, 32, 32):
-                            M10[p, r, c] = -scaled(KKs, beta_s, g_s, rows, p, 2 + r // BLOCK, c // BLOCK, r % BLOCK,
-                                                   c % BLOCK)
+                        # extraction: I + L on the diagonal blocks, -L_10 and -M_10 off them (L_ij, i > j, same chunk)
+                        Xd, Lo, M10 = inv.Xd, inv.Lo, inv.M10
+                        for p, b, r, c in T.Parallel(P, NB, BLOCK, BLOCK):
+                            Xd[p * NB + b, r, c] = T.if_then_else(
+                                r == c, 1.0, T.if_then_else(c < r, scaled(KKs, beta_s, g_s, rows, p, b, b, r, c), 0.0))
+                        if C >= 32:
+                            for p, h, r, c in T.Parallel(P, NB // 2, BLOCK, BLOCK):
+                                Lo[p * 2 + h, r, c] = -scaled(KKs, beta_s, g_s, rows, p, 2 * h + 1, 2 * h, r, c)
+                        if C == 64:
+                            for p, r, c in T.Parallel(P, 32, 32):
+                                M10[p, r, c] = -scaled(KKs, beta_s, g_s, rows, p, 2 + r // BLOCK, c // BLOCK, r % BLOCK,
+                                                       c % BLOCK)
 
-                    invert(inv.Xd, inv.Lo, inv.M10, inv.X00, inv.X11, inv.F32, inv.T16, inv.row, inv.Q_a,
-                           inv.Q_b, inv.X_a, inv.F, out_s, tx)
+                        invert(inv.Xd, inv.Lo, inv.M10, inv.X00, inv.X11, inv.F32, inv.T16, inv.row, inv.Q_a,
+                               inv.Q_b, inv.X_a, inv.F, out_s, tx)
 
-                    # write back the rows of this sequence, for the live value heads
-                    for i, p, j in T.Parallel(TILE, P, C):
-                        if i < rows and grp * P + p < G:
-                            A[0, start + i, hv0 + p, j] = out_s[i, p, j]
+                        # write back the rows of this sequence, for the live value heads
+                        for i, p, j in T.Parallel(TILE, P, C):
+                            if i < rows and grp * P + p < G:
+                                A[0, start + i, hv0 + p, j] = out_s[i, p, j]
 
     return kkt_solve

@@ -141,13 +141,13 @@ def launch_l2norm(key: tuple, x: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def launch_kkt(key: tuple, k: torch.Tensor, beta: torch.Tensor, g: torch.Tensor | None, sched: Schedule,
-               gate_scale: float | None = None, params: tuple | None = None):
+               group_steps: int, gate_scale: float | None = None, params: tuple | None = None):
     """(A, gc): A = (I + strictLower(diag(beta) (Gamma ⊙ K K^T)))^-1 per chunk, [B,T,HV,C] in k's dtype, and the gate's
     fp32 chunk-local cumsum gc; key (chunk, method, dtype, gate, value heads per pass, gate_in). gate_in None: g is
     gc already, the fp32 chunk-local cumsum of the scalar ([B,T,HV]) or per-channel ([B,T,HV,K]) gate, or None
     (ungated), and is returned as it is. gate_in (g dtype, gate form): g is the raw scalar gate [B,T,HV] of that
     form (params its (A_log, dt_bias): gate_args; gate_scale the factor on the sum), which the kernel sums into
-    the gc it returns."""
+    the gc it returns. group_steps: the groups of value heads a CTA runs in turn (plan.kkt_group_steps)."""
     B, Tn, H, K = k.shape
     HV, chunk, gate_in = beta.shape[2], key[0], key[5]
     A = torch.empty(B, Tn, HV, chunk, device=k.device, dtype=k.dtype)
@@ -158,7 +158,7 @@ def launch_kkt(key: tuple, k: torch.Tensor, beta: torch.Tensor, g: torch.Tensor 
     A_log, dt_bias, gate_scale = gate_args(k.device, params, gate_scale)
     gc_out = placeholder(k.device, torch.float32) if gate_in is None else flat(gc)
     compiled(kkt_solve_kernel, *key)(flat(k), flat(beta).float(), g_in, A_log, dt_bias, sched.cu, flat(A), gc_out,
-                                     HV // H, gate_scale, *sched.grid)
+                                     HV // H, group_steps, gate_scale, *sched.grid)
     return A, gc
 
 
@@ -291,7 +291,7 @@ def forward(plan: Plan, q, k, v, g, beta, initial_state=None, cu_seqlens=None, *
     if plan.delta:
         beta = beta.contiguous() if beta.dtype in (torch.float32, q.dtype) else beta.float().contiguous()
         if A is None and plan.kkt:
-            A, g = launch_kkt(plan.kkt, k, beta, g, sched, gate_scale, gate_params)
+            A, g = launch_kkt(plan.kkt, k, beta, g, sched, plan.kkt_steps, gate_scale, gate_params)
     h0 = None if initial_state is None else initial_state.float().contiguous()
     if plan.pipeline is not None:
         return _pipelined(plan, q, k, v, g, beta, h0, gate_params, gate_scale)

@@ -50,7 +50,8 @@ L2NORM_DIMS = (64, 128, 256)
 # (update rule, K / DV block, output group on) -> chunk period in us; where each comes from (benchmarks/NOTES.md and
 # the result files it names):
 #   gdn, with output     "DV blocks of K / 4: the pass 24-32% faster below one wave"; K / 4 at its full-GPU period;
-#                        K / 1 (two chain groups) from "two chain groups at DV block K" (8192x4 h32/32, one wave)
+#                        K / 1 kept at its state/value-group period: the chain groups' 3.7 us ("two chain groups at
+#                        DV block K") moved the skewed batch at h4/16 to a split that measured slower
 #   gdn, without output  "The sequence split: measured, modelled, switched on" (the transitions, value [V | 0]);
 #                        K / 4 without output never measured, so never picked
 #   delta                gdn's, and K / 8 from "the plain update's lean split, two output groups, K / 8 for delta_rule"
@@ -61,7 +62,7 @@ L2NORM_DIMS = (64, 128, 256)
 #                        --op kda --impls tilela_dv16,tilela_dv32,tilela_dv64 --profile` measures them); without
 #                        output (the split's transitions on [V | 0]) from "KDA's sequence split" (one wave of 128
 #                        CTAs, 128-512 chunks)
-_GDN_US = {(4, True): 1.86, (2, True): 2.3, (1, True): 3.7, (2, False): 2.2, (1, False): 4.2}
+_GDN_US = {(4, True): 1.86, (2, True): 2.3, (1, True): 4.1, (2, False): 2.2, (1, False): 4.2}
 CHUNK_US = {
     **{("gdn", *key): us for key, us in _GDN_US.items()},
     **{("delta", *key): us for key, us in _GDN_US.items()},
@@ -103,6 +104,10 @@ PIPELINE_MARGIN = 0.9
 # 1x65536 h4/16 rows, where no pipeline measured faster (the short ranges' factors run in a tail, and beside the pass
 # they slow its chain), and pipelines 1x32768 h8 (three ranges measured 1.08-1.19x faster).
 PIPELINE_RANGE_US = 40.0
+# kkt_solve runs a q/k head's groups of value heads side by side, a CTA each, while its (tile, q/k head) CTAs number
+# fewer than this many per SM ("kkt_solve's value-head groups side by side" in benchmarks/NOTES.md: 1x512 h2/8 13.8
+# -> 8.4 us; at 512 such CTAs (1x2048 h16/64) and above the groups in turn, K K^T formed once, measured faster)
+KKT_SIDE_BY_SIDE_PER_SM = 2
 SEGMENT_CHUNKS = (8, 16, 32, 64, 128, 256)
 # Segments per sequence of the wave-sized candidates: the longest sequence cut into this many equal segments.
 SEGMENT_COUNTS = (2, 3, 4, 6, 8, 12, 16, 24, 32)
@@ -436,6 +441,7 @@ class Plan:
     kkt          (chunk, method, dtype, gate, value heads per pass, gate_in) of kkt_solve (delta rule, unless
                  gla_factors forms A); gate_in (g dtype, gate form) where it sums the raw scalar gate and writes gc
                  for the state pass, else None
+    kkt_steps    the groups of value heads each kkt_solve CTA runs in turn (kkt_group_steps), or None
     factors      (K, dtype, gate_in, delta rule: writes Kg and A) of gla_factors (per-channel gate on the
                  warp-specialised pass); gate_in: (g dtype, gate form) where it sums the raw gate in its tiles, None
                  where it reads gc
@@ -464,6 +470,7 @@ class Plan:
     output_final_state: bool
     cumsum: tuple | None
     kkt: tuple | None
+    kkt_steps: int | None
     factors: tuple | None
     passes: tuple[PassConfig, ...]
     split: SegmentPlan | None
@@ -482,6 +489,14 @@ def kkt_key(chunk: int, method: str, dtype: str, gate: str, group: int, gate_in:
     dtype, gate form) where it sums the raw scalar gate itself, None where it reads gc."""
     pair = 2 if group % 2 == 0 and gate != "channel" else 1
     return (chunk, method, dtype, gate, pair, gate_in)
+
+
+def kkt_group_steps(chunks: int, H: int, HV: int, pair: int, sms: int) -> int:
+    """The groups of `pair` value heads one kkt_solve CTA runs in turn (K K^T formed once for them), over `chunks`
+    64-token tiles and H q/k heads: all of a q/k head's where chunks x H CTAs number KKT_SIDE_BY_SIDE_PER_SM per SM
+    or more, else one, each group in a CTA of its own."""
+    groups = -(-(HV // H) // pair)
+    return groups if chunks * H >= KKT_SIDE_BY_SIDE_PER_SM * sms else 1
 
 
 def make_plan(*, lengths, **facts) -> Plan:
@@ -601,8 +616,9 @@ def _plan(*, dtype: str, beta_dtype: str | None, gate_dtype: str | None, gate: s
         warmed = Chains.of(lengths, split.segment_chunks, WARMUP_CHUNKS) if warmup else segments
         passes = (transitions, state_pass(V, warmed, True, True, delta and output_final_state, True, warmup=warmup))
         combine = (K, V, "matrix", initial_state, warmup) if delta else (K, V, gate, initial_state, False)
+    kkt_steps = kkt_group_steps(Chains.of(lengths).total, H, HV, kkt[4], sms) if kkt else None
     return Plan(gate, delta, dtype, int(tokens), lengths, H, HV, K, V, bool(initial_state), bool(output_final_state),
-                cumsum, kkt, factors, passes, split, combine, order, pipeline)
+                cumsum, kkt, kkt_steps, factors, passes, split, combine, order, pipeline)
 
 
 def _check_pipeline(bounds: tuple[int, ...], lengths: tuple[int, ...], runs_factors: bool) -> None:
