@@ -76,7 +76,9 @@ def entry_points():
     def kkt_solve(k, beta, gc, chunk, cu, method="blocked"):
         gate = "none" if gc is None else ("scalar" if gc.dim() == 3 else "channel")
         key = plan.kkt_key(chunk, method, hopper.DTYPE_NAMES[k.dtype], gate, beta.shape[2] // k.shape[2])
-        return launch.launch_kkt(key, k, beta, gc, launch.Schedule.of(k, cu))[0]
+        lengths = [k.shape[1]] * k.shape[0] if cu is None else cu.diff().tolist()
+        steps = plan.kkt_group_steps(lengths, k.shape[2], beta.shape[2], key[4], hopper.multiprocessors(k.device))
+        return launch.launch_kkt(key, k, beta, gc, launch.Schedule.of(k, cu), steps)[0]
 
     def factors(key, q, k, g, beta, scale, cu, params=None, lower=None):
         """(Qg, Ab = A diag(beta) or None) of gla_factors' configuration key on g (gc, or the raw gate of key's

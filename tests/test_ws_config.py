@@ -39,3 +39,25 @@ def test_every_shipped_configuration_fits_shared_memory():
         cfg = chunk_fwd_ws.WsConfig.derive(K, V, gate, delta, block_DV, store_output)
         assert sum(buffer.bytes for buffer in cfg.shared) <= chunk_fwd_ws.SHARED_BYTES, cfg
         assert cfg.stages == chunk_fwd_ws.input_stages(K, block_DV, gate, delta, store_output)
+
+
+@pytest.mark.parametrize("K,gate,block_DV,chains", [
+    (128, "scalar", 128, True),  # GDN at full width
+    (64, "none", 64, True),  # delta_rule at K = 64
+    (128, "scalar", 64, False),  # DV blocks below K keep the state and value groups
+    (128, "channel", 64, False),  # KDA: its value group reads Vnew_s as Vd
+])
+def test_chain_groups_hand_over_to_the_output_group_only(K, gate, block_DV, chains):
+    """With chain groups (delta rule with output at DV block K, no per-channel gate) each of the two writes its half
+    of S_s and Vnew_s (256 arrivals), the output group alone reads them (128), Vd needs no ring and Vnew_s has two
+    slots; the input slots are released by the two chain groups and the output group."""
+    cfg = chunk_fwd_ws.WsConfig.derive(K, K, gate, True, block_DV, True)
+    assert cfg.chain_halves == chains
+    if chains:
+        assert (cfg.S_ring.writers, cfg.S_ring.readers) == (256, 128)
+        assert (cfg.Vn_ring.writers, cfg.Vn_ring.readers, cfg.Vn_ring.slots) == (256, 128, 2)
+        assert cfg.Vd_ring is None and not cfg.value_writes_vd
+        assert "Vd_s" not in {buffer.name for buffer in cfg.shared}
+    else:
+        assert cfg.S_ring.writers == 128 and cfg.Vn_ring.writers == 128
+    assert cfg.inputs.readers == 3 * chunk_fwd_ws.GROUP

@@ -541,8 +541,8 @@ def kkt_solve(
 
         gate = "none" if g is None else ("scalar" if g.dim() == 3 else "channel")
         key = hopper.plan.kkt_key(chunk_size, method, hopper.DTYPE_NAMES[k.dtype], gate, dims.HV // dims.H)
-        steps = hopper.plan.kkt_group_steps(hopper.plan.Chains.of(e - s for s, e in dims.seq_bounds).total, dims.H,
-                                            dims.HV, key[4], hopper.multiprocessors(k.device))
+        steps = hopper.plan.kkt_group_steps([e - s for s, e in dims.seq_bounds], dims.H, dims.HV, key[4],
+                                            hopper.multiprocessors(k.device))
         A, _ = launch.launch_kkt(key, k.contiguous(), beta.contiguous(), None if g is None else g.float().contiguous(),
                                  launch.Schedule.of(k, cu_seqlens), steps)
         return A

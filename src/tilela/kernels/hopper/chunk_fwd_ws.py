@@ -34,7 +34,8 @@ producer, state and value the mainloop, output the epilogue):
     output  (threads 256-383)  P = Q K^T (before S is ready; loaded with a per-channel gate), Q S, O = ... + P Vnew,
                                stores O (of the odd chunks where the value group takes the even ones); without
                                output: idle
-    chain   (threads 0-255)    the delta rule with output at DV block K under a scalar gate or none (chain_halves):
+    chain   (threads 0-255)    the delta rule with output at DV block K under a scalar gate or none (chain_halves;
+                               GDN's and delta_rule's passes at full width, the split's outputs pass included):
                                in place of state and value, two groups each running the state's and the value's
                                work for half of the block's columns (each chain is independent of the other half)
     load    (threads 384-511)  TMA warp: q (for the output), k, v, A (delta rule), P and Kg (per-channel gate);
@@ -181,8 +182,8 @@ class WsConfig:
     """Two otherwise idle load warps write Vd_s = exp(gc_last - gc) V: two output groups and a Vd_s."""
     value_writes_vd: bool
     """The value group writes Vd_s (with the delta rule after R and Vnew, then Vnew_s; Vnew_s alone under
-    vnew_is_vd); else it is an output group (two_output_groups) or idles (the state pass alone with K^T V from the
-    input slots)."""
+    vnew_is_vd); else it is an output group (two_output_groups), a chain group (chain_halves) or idles (the state
+    pass alone with K^T V from the input slots)."""
     chain_halves: bool
     """The delta rule with output at block_DV = K under a scalar gate or none: the state and value groups give way to
     two chain groups, each running the whole recurrence (S, K S, A R, K^T Vd) for half of the DV block's columns, so
@@ -199,14 +200,16 @@ class WsConfig:
     the chunk's output group, a value group that writes Vd_s, the Vd writers (the two chain groups in place of
     the state and value groups)."""
     S_ring: Ring | None
-    """S_ready / S_read: S_s from the state group to the value group (delta rule) and the chunk's output group, two
-    slots (the state never waits for Q S of the chunk it just left). None: S_s has no readers."""
+    """S_ready / S_read: S_s from the state group to the value group (delta rule) and the chunk's output group, or
+    from both chain groups (each its half) to the output group; two slots (the state never waits for Q S of the
+    chunk it just left). None: S_s has no readers."""
     Vd_ring: Ring | None
     """Vd_ready / Vd_read: Vd_s to the state group from the value group or the two Vd writers (vd_slots). None:
-    K^T V from the input slots."""
+    K^T V from the input slots, Vd = Vnew_s (vnew_is_vd) or each chain group's Vd over its R (chain_halves)."""
     Vn_ring: Ring | None
-    """Vn_ready / Vn_read: Vnew_s from the value group to the output group (delta rule with output) and, under
-    vnew_is_vd, the state group; two slots up to block_DV = 64, one above (shared memory). None: no Vnew_s."""
+    """Vn_ready / Vn_read: Vnew_s from the value group (or both chain groups, each its half) to the output group
+    (delta rule with output) and, under vnew_is_vd, the state group; two slots up to block_DV = 64 and with chain
+    groups, one above (shared memory). None: no Vnew_s."""
     shared: tuple[Shared, ...]
     """Every shared buffer the builder allocates, in allocation order: the input slots' buffers, then the fixed
     ones (Vnew_s, S_s, Vd_s, P_s)."""
@@ -231,9 +234,9 @@ class WsConfig:
         two_output_groups = store_output and not delta
         kv_from_inputs = direct_v(gate, delta)
         vd_writers = two_output_groups and not kv_from_inputs
-        value_writes_vd = not two_output_groups and not kv_from_inputs
         vnew_is_vd = channel and delta
         chain_halves = delta and not channel and store_output and block_DV == K
+        value_writes_vd = not two_output_groups and not kv_from_inputs and not chain_halves
         writers = 2 * GROUP if chain_halves else GROUP  # of S_s and Vnew_s
         # warp groups reading S_s: the output group, and the value group unless it is a chain group
         S_readers = 1 if two_output_groups or chain_halves else int(delta) + int(store_output)
@@ -273,8 +276,9 @@ class WsConfig:
             K=K, V=V, gate=gate, delta=delta, block_DV=block_DV, store_output=store_output, NV=V // block_DV,
             scalar=scalar, channel=channel, two_output_groups=two_output_groups, kv_from_inputs=kv_from_inputs,
             vd_writers=vd_writers, value_writes_vd=value_writes_vd, chain_halves=chain_halves, vnew_is_vd=vnew_is_vd,
-            inputs=Ring("loaded", "consumed", stages, 64,
-                        GROUP * (1 + int(store_output) + int(value_writes_vd)) + 64 * int(vd_writers)),
+            inputs=Ring("loaded", "consumed", stages, 64,  # readers: state and value, or the chain groups; output
+                        GROUP * ((2 if chain_halves else 1 + int(value_writes_vd)) + int(store_output))
+                        + 64 * int(vd_writers)),
             S_ring=S_ring, Vd_ring=Vd_ring, Vn_ring=Vn_ring,
             shared=tuple(Shared(b.name, (stages, *b.shape), b.fp32) for b in slot) + tuple(fixed),
         )
@@ -711,14 +715,14 @@ def chunk_fwd_ws_kernel(
                                   tile0=tile0, n_chunks=n_chunks, h0_row=h0_row)
 
             tx = T.get_thread_binding()
-            if tx < GROUP:
+            if tx < GROUP:  # state, or the first chain group
                 if cfg.chain_halves:
                     T.set_max_nreg(CHAIN_REGS, 1)
                     chain_group(smem, cta, 0, *halves[0], h0, ht)
                 else:
                     T.set_max_nreg(STATE_REGS, 1)
                     state_group(smem, cta, S_f, h0, ht)
-            elif tx < 2 * GROUP:  # value
+            elif tx < 2 * GROUP:  # value, or the second chain group
                 if cfg.chain_halves:
                     T.set_max_nreg(CHAIN_REGS, 1)
                     chain_group(smem, cta, block_DV // 2, *halves[1], h0, ht)

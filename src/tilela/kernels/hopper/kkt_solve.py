@@ -7,10 +7,11 @@ Gamma = 1). Mirrors reference.kkt.kkt_solve with reference.inverse.blocked_inver
 recursion over reference.inverse.neumann_inverse_16 ("neumann"); seeds 000 (blocked recursion) and 003
 (Neumann 16x16).
 
-One CTA owns a 64-row tile of one sequence and P of the G value heads of one q/k head (P = 2 when G is even: the
-forward substitution then keeps all 128 threads busy; the head's groups of P run in CTAs of their own, side by
-side): K K^T is formed (bf16/fp16 wgmma, fp32 accumulator) and its ten lower 16x16 blocks are kept in shared
-memory for the P value heads. With a
+One CTA owns a 64-row tile of one sequence and group_steps groups of P value heads of one q/k head, which it runs in
+turn (P = 2 when G is even: the forward substitution then keeps all 128 threads busy): K K^T is formed once
+(bf16/fp16 wgmma, fp32 accumulator) and its ten lower 16x16 blocks are kept in shared memory for them. On large
+grids a CTA runs all ceil(G / P) groups of its q/k head; on small ones one, the head's groups side by side in CTAs
+of their own (plan.kkt_group_steps). With a
 per-key-channel gate (KDA: Gamma_ijd = exp(g_id - g_jd)) the scores differ per value head: each value head forms
 its own ten blocks, one 64x64 product per 16-row block against a reference gate (gated_kkt), P = 1, from a gc tile
 in shared memory read once per value head (the loop pass's pipeline; before the warp-specialised pass gla_factors.py
@@ -299,7 +300,7 @@ def kkt_solve_kernel(chunk: int, method: str, dtype: str, gate: str, pair: int, 
                     Qr = T.alloc_shared((TILE, KSTEP), score_dtype)  # k_i exp(g_i - R_a(i))
                     Kr = T.alloc_shared((TILE, KSTEP), score_dtype)  # k_j exp(R_a - g_j), j in a's chunk, j < a's end
 
-                # K K^T of the tile for the P value heads of q/k head hk; its lower blocks go to shared
+                # K K^T of the tile for the CTA's value heads (all of q/k head hk); its lower blocks go to shared
                 if not channel:
                     T.clear(KK)
                     for kb in T.serial(T.ceildiv(K, KSTEP)):
@@ -325,7 +326,7 @@ def kkt_solve_kernel(chunk: int, method: str, dtype: str, gate: str, pair: int, 
                                     0.0)
                         if gate_in is not None:
                             chunk_cumsum(g_s, gc, start, rows, hv0, G - grp * P, gate_scale, tx)
-                        if channel:  # the value head's own scores
+                        if channel:  # the value head's own scores; k_s is the previous group's output staging
                             T.copy(k[0, start:start + TILE, hk, 0:KSTEP], k_s)
                             gate_tile(g, start, end, hv0, K, gc_s)
                             gated_kkt(k_s, gc_s, Qr, Kr, KK, KKs)

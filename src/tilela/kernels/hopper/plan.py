@@ -491,12 +491,12 @@ def kkt_key(chunk: int, method: str, dtype: str, gate: str, group: int, gate_in:
     return (chunk, method, dtype, gate, pair, gate_in)
 
 
-def kkt_group_steps(chunks: int, H: int, HV: int, pair: int, sms: int) -> int:
-    """The groups of `pair` value heads one kkt_solve CTA runs in turn (K K^T formed once for them), over `chunks`
-    64-token tiles and H q/k heads: all of a q/k head's where chunks x H CTAs number KKT_SIDE_BY_SIDE_PER_SM per SM
-    or more, else one, each group in a CTA of its own."""
+def kkt_group_steps(lengths, H: int, HV: int, pair: int, sms: int) -> int:
+    """The groups of `pair` value heads one kkt_solve CTA runs in turn (K K^T formed once for them), over sequences
+    of these lengths (their 64-token tiles) and H q/k heads: all of a q/k head's where tiles x H CTAs number
+    KKT_SIDE_BY_SIDE_PER_SM per SM or more, else one, each group in a CTA of its own."""
     groups = -(-(HV // H) // pair)
-    return groups if chunks * H >= KKT_SIDE_BY_SIDE_PER_SM * sms else 1
+    return groups if Chains.of(lengths).total * H >= KKT_SIDE_BY_SIDE_PER_SM * sms else 1
 
 
 def make_plan(*, lengths, **facts) -> Plan:
@@ -616,7 +616,7 @@ def _plan(*, dtype: str, beta_dtype: str | None, gate_dtype: str | None, gate: s
         warmed = Chains.of(lengths, split.segment_chunks, WARMUP_CHUNKS) if warmup else segments
         passes = (transitions, state_pass(V, warmed, True, True, delta and output_final_state, True, warmup=warmup))
         combine = (K, V, "matrix", initial_state, warmup) if delta else (K, V, gate, initial_state, False)
-    kkt_steps = kkt_group_steps(Chains.of(lengths).total, H, HV, kkt[4], sms) if kkt else None
+    kkt_steps = kkt_group_steps(lengths, H, HV, kkt[4], sms) if kkt else None
     return Plan(gate, delta, dtype, int(tokens), lengths, H, HV, K, V, bool(initial_state), bool(output_final_state),
                 cumsum, kkt, kkt_steps, factors, passes, split, combine, order, pipeline)
 
