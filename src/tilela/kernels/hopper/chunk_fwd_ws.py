@@ -344,14 +344,31 @@ def chunk_fwd_ws_kernel(
     # bn, bh, hq, v0, t_start, t_end, tile0, n_chunks); the fragments and global tensors each group uses.
 
     @T.macro
-    def publish(smem, ring, c, frag, buffer):
-        """Hand chunk c's fragment to the ring's readers: wait until its slot of buffer is free, copy, mark it
-        ready."""
+    def publish(smem, ring, c, frag, buffer, j0, cols):
+        """Hand chunk c's fragment to the ring's readers: wait until its slot of buffer is free, copy it to the
+        slot's columns j0 ... j0 + cols, mark it ready."""
         n = ring.slot(c)
         T.barrier_wait(getattr(smem, ring.free)[n], ring.free_parity(c))
-        T.copy(frag, buffer[n, :, :])
+        T.copy(frag, buffer[n, :, j0 : j0 + cols])
         T.fence_proxy_async()
         T.barrier_arrive(getattr(smem, ring.ready)[n])
+
+    @T.macro
+    def residual(smem, slot, R_f, j0, cols):
+        """R_f <- R = beta (V - exp(gc) K S) (no exp(gc) without a gate) from K S in R_f, with V's columns j0 ...
+        j0 + cols of the input slot."""
+        for i, j in T.Parallel(C, cols):
+            if scalar:
+                R_f[i, j] = smem.beta_s[slot, i] * (smem.v_s[slot, i, j0 + j] - smem.eg_s[slot, i] * R_f[i, j])
+            else:
+                R_f[i, j] = smem.beta_s[slot, i] * (smem.v_s[slot, i, j0 + j] - R_f[i, j])
+
+    @T.macro
+    def scalar_decay(smem, slot, decay, S_f, cols):
+        """S_f <- exp(gc_last) S_f under a scalar gate (decay: a one-element local buffer)."""
+        decay[0] = smem.eg_s[slot, C - 1]
+        for i, j in T.Parallel(K, cols):
+            S_f[i, j] = S_f[i, j] * decay[0]
 
     @T.macro
     def write_vd(smem, c, slot, Vn_f):
@@ -388,11 +405,9 @@ def chunk_fwd_ws_kernel(
             slot = inputs.slot(c)
             T.barrier_wait(smem.loaded[slot], inputs.ready_parity(c))
             if S_ring is not None:
-                publish(smem, S_ring, c, S_f, smem.S_s)
+                publish(smem, S_ring, c, S_f, smem.S_s, 0, block_DV)
             if scalar:
-                decay[0] = smem.eg_s[slot, C - 1]
-                for i, j in T.Parallel(K, block_DV):
-                    S_f[i, j] = S_f[i, j] * decay[0]
+                scalar_decay(smem, slot, decay, S_f, block_DV)
             if channel:
                 for i, j in T.Parallel(K, block_DV):
                     S_f[i, j] = S_f[i, j] * smem.d_s[slot, i]
@@ -427,21 +442,18 @@ def chunk_fwd_ws_kernel(
                 T.gemm(smem.kg_s[slot, :, :] if channel else smem.k_s[slot, :, :], smem.S_s[s, :, :], KS_f,
                        clear_accum=True)
                 T.barrier_arrive(smem.S_read[s])
-                for i, j in T.Parallel(C, block_DV):
-                    if cfg.vnew_is_vd:
+                if cfg.vnew_is_vd:
+                    for i, j in T.Parallel(C, block_DV):
                         smem.v_s[slot, i, j] = -KS_f[i, j]
-                    elif scalar:
-                        KS_f[i, j] = smem.beta_s[slot, i] * (smem.v_s[slot, i, j] - smem.eg_s[slot, i] * KS_f[i, j])
-                    else:
-                        KS_f[i, j] = smem.beta_s[slot, i] * (smem.v_s[slot, i, j] - KS_f[i, j])
-                if not cfg.vnew_is_vd:
+                else:
+                    residual(smem, slot, KS_f, 0, block_DV)
                     T.copy(KS_f, smem.v_s[slot, :, :])
                 T.fence_proxy_async()
                 T.gemm(smem.A_s[slot, :, :], smem.v_s[slot, :, :], Vn_f, clear_accum=not cfg.vnew_is_vd)
             if not cfg.vnew_is_vd:
                 write_vd(smem, c, slot, Vn_f)  # first: Vd is on the recurrence's critical path, Vnew_s is not
             if Vn_ring is not None:
-                publish(smem, Vn_ring, c, Vn_f, smem.Vn_s)
+                publish(smem, Vn_ring, c, Vn_f, smem.Vn_s, 0, block_DV)
             T.barrier_arrive(smem.consumed[slot])
 
     @T.macro
@@ -453,18 +465,11 @@ def chunk_fwd_ws_kernel(
         decay = T.alloc_local([1], accum)
         initial_state(cta, S_f, h0, cta.v0 + j0, cols)
         for c in T.serial(cta.n_chunks):
-            slot, s, n = inputs.slot(c), S_ring.slot(c), Vn_ring.slot(c)
+            slot, s = inputs.slot(c), S_ring.slot(c)
             T.barrier_wait(smem.loaded[slot], inputs.ready_parity(c))
-            T.barrier_wait(smem.S_read[s], S_ring.free_parity(c))
-            T.copy(S_f, smem.S_s[s, :, j0 : j0 + cols])
-            T.fence_proxy_async()
-            T.barrier_arrive(smem.S_ready[s])
+            publish(smem, S_ring, c, S_f, smem.S_s, j0, cols)
             T.gemm(smem.k_s[slot, :, :], smem.S_s[s, :, j0 : j0 + cols], R_f, clear_accum=True)
-            for i, j in T.Parallel(C, cols):
-                if scalar:
-                    R_f[i, j] = smem.beta_s[slot, i] * (smem.v_s[slot, i, j0 + j] - smem.eg_s[slot, i] * R_f[i, j])
-                else:
-                    R_f[i, j] = smem.beta_s[slot, i] * (smem.v_s[slot, i, j0 + j] - R_f[i, j])
+            residual(smem, slot, R_f, j0, cols)
             T.copy(R_f, smem.v_s[slot, :, j0 : j0 + cols])
             T.fence_proxy_async()
             T.gemm(smem.A_s[slot, :, :], smem.v_s[slot, :, j0 : j0 + cols], Vn_f, clear_accum=True)
@@ -472,14 +477,9 @@ def chunk_fwd_ws_kernel(
                 smem.v_s[slot, i, j0 + j] = smem.ed_s[slot, i] * Vn_f[i, j]
             T.fence_proxy_async()
             if scalar:
-                decay[0] = smem.eg_s[slot, C - 1]
-                for i, j in T.Parallel(K, cols):
-                    S_f[i, j] = S_f[i, j] * decay[0]
+                scalar_decay(smem, slot, decay, S_f, cols)
             T.gemm(smem.k_s[slot, :, :], smem.v_s[slot, :, j0 : j0 + cols], S_f, transpose_A=True)
-            T.barrier_wait(smem.Vn_read[n], Vn_ring.free_parity(c))
-            T.copy(Vn_f, smem.Vn_s[n, :, j0 : j0 + cols])
-            T.fence_proxy_async()
-            T.barrier_arrive(smem.Vn_ready[n])
+            publish(smem, Vn_ring, c, Vn_f, smem.Vn_s, j0, cols)
             T.barrier_arrive(smem.consumed[slot])
         if store_final_state:
             T.copy(S_f, ht[cta.bn, cta.bh, 0:K, cta.v0 + j0 : cta.v0 + j0 + cols])
