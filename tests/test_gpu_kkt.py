@@ -194,8 +194,8 @@ def test_gla_factors_A_from_the_raw_gate(g_dtype, form, dtype, K):
 @pytest.mark.parametrize("heads", [(2, 4), (1, 3)], ids=["pairs", "odd_group"])
 def test_kkt_solve_sums_the_scalar_gate(g_dtype, form, heads):
     """GDN's kkt_solve from the raw scalar gate (plan.kkt's gate_in): its gc and A those of the cumsum stage
-    followed by kkt_solve on gc (the same float32 sums in the same order; nvcc may fuse the softplus form's product
-    into the cumsum stage's add, a last-bit difference), and A against the float64 stack;
+    followed by kkt_solve on gc (float32 sums of the same terms, here scanned by a warp, there in row order: equal
+    to float32 rounding), and A against the float64 stack;
     varlen with 1-token sequences, GVA 2 (two value heads per pass) and 3 (one), the log gate and FLA's softplus
     in-kernel gate with its (a, b) per value head and a -30 reset token; the fused launch with its groups of value
     heads side by side, the stage's in turn (plan.kkt_group_steps' two choices)."""

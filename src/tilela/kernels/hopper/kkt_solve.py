@@ -164,14 +164,13 @@ def tile_inverse(C: int, P: int, method: str):
 
         # level 2: X_10 = -X_11 M_10 X_00 between the two 32 halves
         if C == 64:
-            for p, h, i, j in T.Parallel(P, 2, 32, 32):
-                Xh = T.if_then_else(
-                    i // BLOCK == j // BLOCK, Xd[p * NB + 2 * h + i // BLOCK, i % BLOCK, j % BLOCK],
-                    T.if_then_else(i > j, Lo[p * 2 + h, i % BLOCK, j], 0.0))
-                if h == 0:
-                    X00[p, i, j] = Xh
-                else:
-                    X11[p, i, j] = Xh
+            # X_hh = [[X_2h, 0], [X_10 of half h, X_2h+1]], block by block (row runs of 16, no selects)
+            for h, Xh in ((0, X00), (1, X11)):
+                for p, r, c in T.Parallel(P, BLOCK, BLOCK):
+                    Xh[p, r, c] = Xd[p * NB + 2 * h, r, c]
+                    Xh[p, r, BLOCK + c] = 0.0
+                    Xh[p, BLOCK + r, c] = Lo[p * 2 + h, r, c]
+                    Xh[p, BLOCK + r, BLOCK + c] = Xd[p * NB + 2 * h + 1, r, c]
             for p in T.unroll(P):
                 T.gemm(X11[p, :, :], M10[p, :, :], F32, clear_accum=True)
                 T.copy(F32, M10[p, :, :])
@@ -186,8 +185,8 @@ def kkt_solve_kernel(chunk: int, method: str, dtype: str, gate: str, pair: int, 
     """Build the prim_func for static (chunk, method, dtype, gate, pair, gate_in); gate "none", "scalar" or "channel"
     (per key channel: one value head per pass, K <= 128, g the float32 chunk-local cumsum [.., HV, K]). gate_in
     (scalar gate at chunk 64 only): None when g is the float32 chunk-local cumsum, else (g dtype, gate form) of the
-    raw gate [1, T, HV], which the kernel sums itself (chunk_local_cumsum's stage, in the same order: one thread
-    per value head walks the tile's rows) and writes to gc for the state pass, so no cumsum launch runs before it;
+    raw gate [1, T, HV], which the kernel sums itself (chunk_local_cumsum's stage, one warp per value head scanning
+    the tile's rows: chunk_cumsum) and writes to gc for the state pass, so no cumsum launch runs before it;
     A_log and dt_bias its in-kernel gate's parameters (each per value head or one value) and gate_scale the factor on
     the sum (placeholders and 1 otherwise). Every size (tokens, heads, K, sequences) is symbolic, so a new T, head
     count or varlen layout reuses the compiled kernel; so is group_steps, the groups of P value heads a CTA runs in
@@ -213,14 +212,26 @@ def kkt_solve_kernel(chunk: int, method: str, dtype: str, gate: str, pair: int, 
     @T.macro
     def chunk_cumsum(g_s, gc, start, rows, hv0, heads, gate_scale, tx):
         """g_s[p] <- log2(e) gate_scale x the running sum of g_s[p] over the tile's rows (the chunk-local cumsum:
-        the tile is one chunk), summed in float32 in row order by thread p as chunk_local_cumsum sums a column; the
-        rows before the sequence end of the live value heads p < heads also to gc (unscaled by log2(e))."""
-        if tx < P:
-            acc = T.alloc_var(ACC)
-            acc = 0.0
-            for i in T.unroll(TILE):  # the loads issue ahead of the dependent adds
-                acc += g_s[tx, i]
-                g_s[tx, i] = acc * gate_scale
+        the tile is one chunk), in float32 by warp p: lane l sums rows 2l and 2l + 1 in order, the lanes' pair sums
+        are scanned by shuffles (offsets 1, 2, 4, 8, 16), and each row adds the lanes' total before it; the rows
+        before the sequence end of the live value heads p < heads also to gc (unscaled by log2(e))."""
+        if tx < 32 * P:
+            p, lane = tx // 32, tx % 32
+            first = T.alloc_var(ACC)
+            first = g_s[p, 2 * lane]
+            pair = T.alloc_var(ACC)
+            pair = first + g_s[p, 2 * lane + 1]
+            for d in T.unroll(5):
+                before = T.shfl_up(pair, 1 << d)
+                if lane >= (1 << d):
+                    pair = pair + before
+            inclusive = T.alloc_var(ACC)  # row 2l + 1's sum; row 2l's leaves the second row out
+            inclusive = pair
+            pair = T.shfl_up(inclusive, 1)
+            if lane == 0:
+                pair = 0.0
+            g_s[p, 2 * lane + 1] = inclusive * gate_scale
+            g_s[p, 2 * lane] = (pair + first) * gate_scale
         for p, i in T.Parallel(P, TILE):
             if i < rows and p < heads:
                 gc[0, start + i, hv0 + p] = g_s[p, i]
