@@ -5,6 +5,7 @@ import importlib
 import json
 
 import pytest
+import torch
 
 from tilela import bench
 
@@ -54,6 +55,39 @@ def test_kda_bench_times_every_dv_block_of_the_pass():
     blocks = dv_blocks(kda.DIM, "channel", True)
     assert sorted(blocks) == list(kda.DV_BLOCKS)
     assert {f"tilela_dv{block}" for block in blocks} <= set(kda.BENCH.impls)
+
+
+@pytest.mark.parametrize("gate", ["none", "weak"])
+def test_kkt_solve_bench_runs_ours_on_its_inputs(gate):
+    """The kkt_solve bench's own implementation on a check case's inputs (the PyTorch path on the CPU) against its
+    reference: the harness calls the public op with the case's chunk and method."""
+    from tilela.bench import kkt_solve
+
+    case = kkt_solve._case(128, 4, gate=gate)
+    gen = torch.Generator().manual_seed(0)
+    k = torch.nn.functional.normalize(torch.randn(1, 128, 2, 128, generator=gen), dim=-1).to(torch.bfloat16)
+    x = {"k": k, "beta": torch.rand(1, 128, 4, generator=gen)}
+    if gate == "weak":
+        g = torch.nn.functional.logsigmoid(torch.randn(1, 128, 4, generator=gen)) / 16
+        x["gc"] = g.view(1, 2, 64, 4).cumsum(2).view(1, 128, 4)
+    got = kkt_solve.BENCH.impls["tilela"](case, x).double()
+    ref = kkt_solve.BENCH.reference(case, x).double()
+    assert (got - ref).norm() / ref.norm() < 1e-2
+
+
+@pytest.mark.parametrize("channels", [None, 16])
+def test_cumsum_bench_runs_ours_on_its_inputs(channels):
+    """The chunk_local_cumsum bench's own implementation on a check case's inputs (the CPU path) against its
+    reference."""
+    from tilela.bench import cumsum
+
+    case = cumsum._case(200, 4, channels)
+    gen = torch.Generator().manual_seed(0)
+    x = {"g": torch.nn.functional.logsigmoid(torch.randn((1, 200, 4) + ((channels,) if channels else ()),
+                                                        generator=gen))}
+    got = cumsum.BENCH.impls["tilela"](case, x).double()
+    ref = cumsum.BENCH.reference(case, x).double()
+    assert (got - ref).norm() / ref.norm() < 1e-6
 
 
 def test_markdown_ratios_and_floor():
