@@ -268,7 +268,7 @@ def test_kda_pipelined_call_captures_in_a_cuda_graph(kernels_only, monkeypatch):
     monkeypatch.setattr(seq_pipeline, "pipeline_forward", lambda *a, **kw: pipelined.append(1) or forward(*a, **kw))
     lengths, HV, K = (32768,), 8, 128
     sms = hopper.multiprocessors(torch.device("cuda"))
-    assert auto_pipeline(lengths, HV, sms, K, "sigmoid", 16, (16,)) is not None
+    assert auto_pipeline(lengths, HV, sms, K, "bfloat16", "sigmoid", 16) is not None
     x = make(lengths, 1, HV, HV, K, torch.bfloat16, seed=31)
     gen = torch.Generator().manual_seed(32)
     A_log = (torch.rand(HV, generator=gen) * 15 + 1).log().cuda()

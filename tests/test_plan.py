@@ -231,7 +231,7 @@ def test_update_rule_keys_the_chunk_periods(gate, delta, rule):
 def test_kda_pipelines_one_long_sequence_on_few_heads():
     """KDA's token-range pipeline where the model says it pays, in a CUDA graph's capture: one long sequence whose
     pass leaves SMs to gla_factors (8 value heads at K / 8 blocks: 64 CTAs); not eagerly, not 32 heads (the pass
-    fills the GPU), not a batch of sequences, not 8192 tokens (the ranges' own costs). Its passes are dense, the first
+    fills the GPU), not a batch of sequences, not 2048 tokens (the ranges' own costs). Its passes are dense, the first
     range's from the call's initial state, the others' from the state handed over, every range storing its final
     state; both are shipped configurations."""
     from tilela.precompile import jobs
@@ -252,20 +252,37 @@ def test_kda_pipelines_one_long_sequence_on_few_heads():
     assert _plan(**long, **dict(kda, graph=False)).pipeline is None
     assert _plan(**long, **dict(kda, H=32, HV=32)).pipeline is None
     assert _plan(lengths=[16384, 16384], tokens=32768, varlen=True, **kda).pipeline is None
-    assert _plan(lengths=[8192], tokens=8192, **kda).pipeline is None
+    assert _plan(lengths=[2048], tokens=2048, **kda).pipeline is None
     assert _plan(**long, pipeline=None, **kda).pipeline is None
     assert _plan(**long, gate="scalar", H=8, HV=8, graph=True).pipeline is None  # no gla_factors
 
 
 def test_pipeline_model_waits_for_the_factors_on_the_free_sms():
-    """pipeline_us: the first range's factors on the whole GPU, then each pass after its range's factors, which run
-    on the SMs the pass leaves; each range past the first costs PIPELINE_RANGE_US."""
-    extra = P.PIPELINE_RANGE_US
-    # factors 1 us a chunk (one head), half the SMs free: range 1's factors end at 4 + 8, after the first pass (4 + 2)
-    assert P.pipeline_us([4, 4], 1, 1.0, 0.5, 0.5) == pytest.approx(4 + 8 + 2 + extra)
+    """pipeline_us: the first range's factors on the whole GPU in waves of FACTORS_PER_SM CTAs an SM, each started
+    wave paid whole; then each pass after its range's factors, which run on the SMs the pass leaves at
+    FACTORS_BESIDE_PASS of their speed; each range past the first costs PIPELINE_RANGE_US."""
+    extra, beside = P.PIPELINE_RANGE_US, P.FACTORS_BESIDE_PASS
+    assert P.factors_us(7, 2, 10.0, 3) == 20.0 and P.factors_us(6, 2, 10.0, 3) == 10.0
+    # 2 heads x 4 chunks on 4 SMs of 1 CTA: 2 waves; the second range's 8 CTAs on 2 free SMs (1.6 at 0.8): 5 waves
+    assert P.pipeline_us([4, 4], 2, 4, 2, 1.0, 1, 0.5) == pytest.approx(2 + 5 + 2 + extra)
+    assert 8 / (2 * beside) > 4  # (the 5 waves above)
     # a slow pass: the factors are ready before it needs them
-    assert P.pipeline_us([4, 4], 1, 1.0, 10.0, 0.5) == pytest.approx(4 + 40 + 40 + extra)
+    assert P.pipeline_us([4, 4], 2, 4, 2, 1.0, 1, 10.0) == pytest.approx(2 + 40 + 40 + extra)
     assert P.pipeline_bounds(128, 32, 3, 8150) == (0, 2048, 4096, 6144, 8150)
+
+
+def test_pipeline_model_picks_the_measured_cuts():
+    """The refitted model's choices on the layouts it was fitted to (benchmarks/NOTES.md, "The token-range pipeline
+    refitted"): 8 value heads, one sequence of 8192 tokens (softplus: three quarters, then the rest; sigmoid: two
+    thirds) and of 32768 (softplus: half, then two quarters; sigmoid: a third, then two thirds); none over 32 heads
+    at the pass's own DV block (its 256 CTAs fill the GPU), though the model takes one at DV 64 where asked."""
+    cut = lambda T, form, heads=8, block=16: P.auto_pipeline([T], heads, 132, 128, "bfloat16", form, block)  # noqa
+    assert cut(8192, "softplus") == (0, 6144, 8192)
+    assert cut(8192, "sigmoid") == (0, 5440, 8192)
+    assert cut(32768, "softplus") == (0, 16384, 24576, 32768)
+    assert cut(32768, "sigmoid") == (0, 10944, 21824, 32768)
+    assert cut(8192, "softplus", heads=32) is None and cut(8192, "softplus", heads=32, block=64) is not None
+    assert cut(2048, "sigmoid") is None
 
 
 @pytest.mark.parametrize("pipeline,match", [

@@ -48,17 +48,17 @@ ATANH_TERMS = 6  # terms of log1p(e) = 2 atanh(s) = 2 s sum_n s^2n / (2n + 1): f
 
 
 def log1p_of_exp(y):
-    """log1p(exp(y)) for y <= 0 (e = exp(y) in (0, 1]) as 2 atanh(s), s = e / (2 + e) <= 1/3, summed to ATANH_TERMS
-    terms (the next is below 2^-24 of the sum): float32's relative precision over the whole range, small values
-    included (y << 0, a softplus of GDN's usual range), where fast math's log(1 + e) keeps them to an absolute 4e-7.
-    Straight-line code: the gate loops unroll it 64 times a thread, and log1pf's branches there stall the warps on
-    instruction fetch."""
-    e = tvm.tirx.Var("e", "float32")
+    """log1p(exp(y)) for y <= 0 (e = exp(y) in (0, 1]) as 2 atanh(s), s = e / (2 + e) = 1 / (1 + 2 exp(-y)) <= 1/3
+    (one exp2 and one reciprocal; exp(-y) = inf gives s = 0), summed to ATANH_TERMS terms with the 2 folded into
+    the coefficients (the next term is below 2^-24 of the sum): float32's relative precision over the whole range,
+    small values included (y << 0, a softplus of GDN's usual range), where fast math's log(1 + e) keeps them to an
+    absolute 4e-7. Straight-line code: the gate loops unroll it 64 times a thread, and log1pf's branches there stall
+    the warps on instruction fetch."""
     s = tvm.tirx.Var("s", "float32")
-    series = T.float32(1.0 / (2 * ATANH_TERMS - 1))
+    series = T.float32(2.0 / (2 * ATANH_TERMS - 1))
     for n in range(ATANH_TERMS - 2, -1, -1):
-        series = series * (s * s) + 1.0 / (2 * n + 1)
-    return tvm.tirx.Let(e, exp_e(y), tvm.tirx.Let(s, e / (2.0 + e), 2.0 * s * series))
+        series = series * (s * s) + 2.0 / (2 * n + 1)
+    return tvm.tirx.Let(s, 1.0 / (1.0 + T.exp2(1.0 - y * LOG2E)), s * series)
 
 
 def log_gate(x, a, b, form: str):

@@ -50,6 +50,7 @@ import tilelang.language as T
 
 from .common import LOG2E, TILE, channel_score_dtype, gate_column, locate_tile
 from .kkt_solve import BLOCK, inverse_buffers, tile_inverse
+from .plan import FACTORS_PER_SM
 
 THREADS = 128
 VEC = 4  # key channels of a thread (one 8-byte bf16 access a row)
@@ -78,8 +79,9 @@ def gla_factors_kernel(K: int, dtype: str, gate_in: tuple | None, delta: bool = 
     invert = tile_inverse(C, 1, "blocked") if delta else None
     # P and A leave through the key operand's shared memory (dead by then), viewed as [C, n, C] in the input dtype
     staging = (C, K * (4 if score_dtype == accum else 2) // (2 * C), C)
-    # three CTAs per SM while the bf16 operands fit (caps registers at 168)
-    min_blocks = 2 if score_dtype == accum else 3
+    # three CTAs per SM while the bf16 operands fit (caps registers at 168), two with fp16's fp32 score operands: the
+    # plan's cost model counts its waves by the same table
+    min_blocks = FACTORS_PER_SM[dtype]
 
     @T.macro
     def unit_lower_rows(KK, rows, beta_s, Xd, Lo, M10):

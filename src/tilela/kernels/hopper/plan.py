@@ -90,20 +90,22 @@ COMBINE_FP32_FLOPS = 30e12
 # (bytes read and written per second), fitted to the skewed batch's 33 us gather of 134 MB ("longest chains first,
 # kkt_solve sums GDN's gate, the combine over split sequences").
 STATE_COPY_BYTES_PER_S = 4.0e12
-# gla_factors (KDA's state-independent factors) per (chunk, value head) at K = 128 over the whole GPU, in us, by the
-# gate form it forms; K = 64 takes half. From "The token-range pipeline" in benchmarks/NOTES.md (1x32768 h8, 1x65536
-# h4/16 and 1x8192 h32 on the bench's inputs; the log form fed the same gate values).
-FACTORS_US = {"softplus": 0.075, "sigmoid": 0.060, "log": 0.062}
-# The token-range pipeline (pipeline_us): the first range's share candidates of the sequence's chunks, the counts of
-# equal ranges after it, and the factor by which it must beat the unpipelined call's model (it leaves out the extra
-# launches and the factors' share of bandwidth beside the pass).
-PIPELINE_FIRST = (1 / 8, 1 / 6, 1 / 4, 1 / 3, 1 / 2)
-PIPELINE_RANGES = (1, 2, 3, 4, 6)
-PIPELINE_MARGIN = 0.9
-# Each range past the first costs this much more, in us: fitted so that the model leaves unpipelined the 1x8192 h8 and
-# 1x65536 h4/16 rows, where no pipeline measured faster (the short ranges' factors run in a tail, and beside the pass
-# they slow its chain), and pipelines 1x32768 h8 (three ranges measured 1.08-1.19x faster).
-PIPELINE_RANGE_US = 40.0
+# gla_factors (KDA's state-independent factors) runs one CTA per (tile, value head), FACTORS_PER_SM of them an SM by
+# its q/k dtype (its score operands: bf16 for bf16 inputs; fp32 for fp16 ones, which leave room for two), in waves of
+# FACTORS_WAVE_US by the gate form it forms (K = 128; K = 64 takes half); a wave started is a wave paid. Fitted with
+# the token-range pipeline's cuts in "The token-range pipeline refitted" (benchmarks/NOTES.md: 1x8192 and 1x32768 h8,
+# both gate forms; the log form fed the same gate values measured 3% over the sigmoid one).
+FACTORS_PER_SM = {"bfloat16": 3, "float16": 2}
+FACTORS_WAVE_US = {"softplus": 29.0, "sigmoid": 18.0, "log": 18.5}
+# The token-range pipeline (pipeline_us): the first range's share candidates of the sequence's chunks and the counts
+# of equal ranges after it (more ranges measured slower: each range's factors start a wave of their own); the later
+# ranges' factors run on the SMs the pass leaves at FACTORS_BESIDE_PASS of their speed alone (they share the memory
+# system with the pass), and each range past the first costs PIPELINE_RANGE_US more (its launches and the handover
+# of the SMs).
+PIPELINE_FIRST = (1 / 4, 1 / 3, 1 / 2, 2 / 3, 3 / 4)
+PIPELINE_RANGES = (1, 2)
+FACTORS_BESIDE_PASS = 0.8
+PIPELINE_RANGE_US = 10.0
 # kkt_solve runs a q/k head's groups of value heads side by side, a CTA each, while its (tile, q/k head) CTAs number
 # fewer than this many per SM ("kkt_solve's value-head groups side by side" in benchmarks/NOTES.md: 1x512 h2/8 13.8
 # -> 8.4 us; at 512 such CTAs (1x2048 h16/64) and above the groups in turn, K K^T formed once, measured faster)
@@ -309,15 +311,20 @@ def launch_order(lengths, ctas: int, sms: int) -> tuple[int, ...] | None:
 
 
 # ---- token-range pipeline ----------------------------------------------------------------------------------------
-def pipeline_us(ranges, heads: int, factors_us: float, period_us: float, free: float) -> float:
+def factors_us(tiles: int, sms: float, wave_us: float, per_sm: int) -> float:
+    """gla_factors over `tiles` (tile, value head) CTAs on `sms` SMs: its waves, each started one paid whole."""
+    return wave_us * math.ceil(tiles / (per_sm * sms))
+
+
+def pipeline_us(ranges, heads: int, sms: int, free_sms: int, wave_us: float, per_sm: int, period_us: float) -> float:
     """Modelled time of the token-range pipeline over ranges (chunks per range, in order): the first range's factors
-    on the whole GPU, then each range's pass (period_us a chunk) once the pass before it and the range's factors are
-    done (PIPELINE_RANGE_US more for each range past the first), the later ranges' factors (factors_us per chunk and
-    value head on the whole GPU) running meanwhile on the `free` share of the SMs that the pass leaves."""
-    ready = pass_end = ranges[0] * heads * factors_us
+    on all sms, then each range's pass (period_us a chunk) once the pass before it and the range's factors are done
+    (PIPELINE_RANGE_US more for each range past the first), the later ranges' factors running meanwhile on the
+    free_sms the pass leaves, at FACTORS_BESIDE_PASS of their speed."""
+    ready = pass_end = factors_us(ranges[0] * heads, sms, wave_us, per_sm)
     for index, chunks in enumerate(ranges):
         if index:
-            ready += chunks * heads * factors_us / free
+            ready += factors_us(chunks * heads, free_sms * FACTORS_BESIDE_PASS, wave_us, per_sm)
         pass_end = max(pass_end, ready) + chunks * period_us + (PIPELINE_RANGE_US if index else 0.0)
     return pass_end
 
@@ -329,32 +336,31 @@ def pipeline_bounds(chunks: int, first: int, count: int, length: int) -> tuple[i
     return (0, *(CHUNK * (first + rest * j // count) for j in range(count)), length)
 
 
-def auto_pipeline(lengths, heads: int, sms: int, K: int, gate_form: str, block_DV: int,
-                  blocks: tuple[int, ...]) -> tuple[tuple[int, ...], int] | None:
-    """(token boundaries, DV block) of KDA's token-range pipeline of least modelled time (pipeline_us over the
-    candidates PIPELINE_FIRST x PIPELINE_RANGES and those of the pass's DV blocks `blocks` whose CTAs, heads x V / DV
-    one an SM, leave SMs to the factors), if it beats the unpipelined call (gla_factors, then the pass at block_DV)
-    by PIPELINE_MARGIN; else None. One sequence only (the ranges are its pieces)."""
-    if len(lengths) != 1:
+def auto_pipeline(lengths, heads: int, sms: int, K: int, dtype: str, gate_form: str,
+                  block_DV: int) -> tuple[int, ...] | None:
+    """Token boundaries of KDA's token-range pipeline of least modelled time (pipeline_us over the candidates
+    PIPELINE_FIRST x PIPELINE_RANGES) where its pass at block_DV (the unpipelined call's: larger blocks, fewer CTAs,
+    measured slower in every cut) leaves SMs to the factors, if it beats the unpipelined call's model (gla_factors
+    on the whole GPU, then the pass); else None. One sequence only (the ranges are its pieces)."""
+    ctas = heads * (K // block_DV)
+    if len(lengths) != 1 or ctas >= sms or ("kda", K // block_DV, True) not in CHUNK_US:
         return None
     chunks = math.ceil(lengths[0] / CHUNK)
-    factors_us = FACTORS_US[gate_form] * K / 128
-    unpipelined = chunks * heads * factors_us + chains_us(K, K, heads, Chains.of(lengths), block_DV, sms, True, "kda")
-    best, best_us = None, PIPELINE_MARGIN * unpipelined
-    for block in blocks:
-        ctas = heads * (K // block)
-        if ctas >= sms or ("kda", K // block, True) not in CHUNK_US:
-            continue
-        for share in PIPELINE_FIRST:
-            first = max(1, round(chunks * share))
-            for count in PIPELINE_RANGES:
-                if chunks - first < count:
-                    continue
-                bounds = pipeline_bounds(chunks, first, count, lengths[0])
-                ranges = [-(-(b - a) // CHUNK) for a, b in zip(bounds, bounds[1:])]
-                us = pipeline_us(ranges, heads, factors_us, CHUNK_US[("kda", K // block, True)], 1 - ctas / sms)
-                if us < best_us:
-                    best, best_us = (bounds, block), us
+    wave_us, per_sm = FACTORS_WAVE_US[gate_form] * K / 128, FACTORS_PER_SM[dtype]
+    period_us = CHUNK_US[("kda", K // block_DV, True)]
+    best = None
+    best_us = factors_us(chunks * heads, sms, wave_us, per_sm) + chains_us(K, K, heads, Chains.of(lengths), block_DV,
+                                                                          sms, True, "kda")
+    for share in PIPELINE_FIRST:
+        first = max(1, round(chunks * share))
+        for count in PIPELINE_RANGES:
+            if chunks - first < count:
+                continue
+            bounds = pipeline_bounds(chunks, first, count, lengths[0])
+            ranges = [-(-(b - a) // CHUNK) for a, b in zip(bounds, bounds[1:])]
+            us = pipeline_us(ranges, heads, sms, sms - ctas, wave_us, per_sm, period_us)
+            if us < best_us:
+                best, best_us = bounds, us
     return best
 
 
@@ -591,10 +597,9 @@ def _plan(*, dtype: str, beta_dtype: str | None, gate_dtype: str | None, gate: s
     if pipeline == "auto":
         pipeline = None
         if graph and factors and delta and split is None and outputs:
-            chosen = auto_pipeline(lengths, HV, sms, K, gate_form if gate_in else "log",
-                                   block_DV or default_block_DV(K, V, HV, sms, True, rule, Chains.of(lengths)),
-                                   dv_blocks(K, gate, delta) if block_DV is None else (block_DV,))
-            pipeline, block_DV = chosen if chosen else (None, block_DV)
+            block = block_DV or default_block_DV(K, V, HV, sms, True, rule, Chains.of(lengths))
+            pipeline = auto_pipeline(lengths, HV, sms, K, dtype, gate_form if gate_in else "log", block)
+            block_DV = block if pipeline else block_DV
     elif pipeline is not None:
         _check_pipeline(pipeline, lengths, factors is not None and delta and split is None and outputs)
     if pipeline is not None:
