@@ -77,6 +77,8 @@ def _plan(**kw):
 def test_kkt_runs_value_head_groups_side_by_side_on_small_grids(lengths, H, HV, steps):
     plan = _plan(H=H, HV=HV, lengths=lengths, tokens=sum(lengths), varlen=len(lengths) > 1)
     assert plan.kkt_steps == steps
+    # the plan's key and groups are kkt_plan's (the public kkt_solve's launch takes its own from there too)
+    assert P.kkt_plan(64, "blocked", "bfloat16", "scalar", H, HV, lengths, 132, ("float32", "log")) == (plan.kkt, steps)
     assert _plan(H=H, HV=HV, lengths=lengths, tokens=sum(lengths), gate="channel").kkt_steps is None  # gla_factors
 
 

@@ -540,9 +540,8 @@ def kkt_solve(
         from .kernels.hopper import launch
 
         gate = "none" if g is None else ("scalar" if g.dim() == 3 else "channel")
-        key = hopper.plan.kkt_key(chunk_size, method, hopper.DTYPE_NAMES[k.dtype], gate, dims.HV // dims.H)
-        steps = hopper.plan.kkt_group_steps([e - s for s, e in dims.seq_bounds], dims.H, dims.HV, key[4],
-                                            hopper.multiprocessors(k.device))
+        key, steps = hopper.plan.kkt_plan(chunk_size, method, hopper.DTYPE_NAMES[k.dtype], gate, dims.H, dims.HV,
+                                          [e - s for s, e in dims.seq_bounds], hopper.multiprocessors(k.device))
         A, _ = launch.launch_kkt(key, k.contiguous(), beta.contiguous(), None if g is None else g.float().contiguous(),
                                  launch.Schedule.of(k, cu_seqlens), steps)
         return A

@@ -505,6 +505,15 @@ def kkt_group_steps(lengths, H: int, HV: int, pair: int, sms: int) -> int:
     return groups if Chains.of(lengths).total * H >= KKT_SIDE_BY_SIDE_PER_SM * sms else 1
 
 
+def kkt_plan(chunk: int, method: str, dtype: str, gate: str, H: int, HV: int, lengths, sms: int,
+             gate_in: tuple | None = None) -> tuple[tuple, int]:
+    """kkt_solve's (compile key, group steps) for sequences of these lengths over H q/k and HV value heads on `sms`
+    SMs: kkt_key's, then kkt_group_steps' for its value heads per pass. Every launch of kkt_solve (the plan's, the
+    public op's) takes both from here."""
+    key = kkt_key(chunk, method, dtype, gate, HV // H, gate_in)
+    return key, kkt_group_steps(lengths, H, HV, key[4], sms)
+
+
 def make_plan(*, lengths, **facts) -> Plan:
     """The plan of one call the pipeline covers (`covers`; the caller checks it first); cached per call facts, so a
     repeated call shape costs one dictionary lookup on the host (the split's cost model alone takes ~0.2 ms).
@@ -580,8 +589,8 @@ def _plan(*, dtype: str, beta_dtype: str | None, gate_dtype: str | None, gate: s
     factors = (K, dtype, gate_in, delta) if ws and gate == "channel" else None
     fused = delta and gate == "scalar" and gate_in is not None
     cumsum = None if gate == "none" or g_input == "cumsum" or factors or fused else (CHUNK, gate_dtype, gate_form)
-    kkt = kkt_key(CHUNK, "blocked", dtype, gate, HV // H, gate_in if fused else None) if delta and not factors \
-        else None
+    kkt, kkt_steps = kkt_plan(CHUNK, "blocked", dtype, gate, H, HV, lengths, sms, gate_in if fused else None) \
+        if delta and not factors else (None, None)
     rule = update_rule(gate, delta)
 
     def state_pass(V_pass, chains, varlen_pass, h0, ht, store_output, block=None, warmup=False):
@@ -621,7 +630,6 @@ def _plan(*, dtype: str, beta_dtype: str | None, gate_dtype: str | None, gate: s
         warmed = Chains.of(lengths, split.segment_chunks, WARMUP_CHUNKS) if warmup else segments
         passes = (transitions, state_pass(V, warmed, True, True, delta and output_final_state, True, warmup=warmup))
         combine = (K, V, "matrix", initial_state, warmup) if delta else (K, V, gate, initial_state, False)
-    kkt_steps = kkt_group_steps(lengths, H, HV, kkt[4], sms) if kkt else None
     return Plan(gate, delta, dtype, int(tokens), lengths, H, HV, K, V, bool(initial_state), bool(output_final_state),
                 cumsum, kkt, kkt_steps, factors, passes, split, combine, order, pipeline)
 
