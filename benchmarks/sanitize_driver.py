@@ -55,7 +55,8 @@ def entry_points():
     the state/output pass as chunk_forward(q, k, v, g_cumsum, beta, A, scale, h0, output_final_state, cu_seqlens, *,
     kernel, block_DV, segments, g_is_cumsum) over hopper.plan_call / hopper.forward, the DV blocks and coverage of
     the warp-specialised pass, the segment plan of the sequence split, the kkt_solve launcher (the public op takes no
-    per-channel gate, nor a raw gate to sum), the gla_factors launcher and the shipped cumsum / kkt / gla_factors configuration lists."""
+    per-channel gate, nor a raw gate to sum), the gla_factors launcher and the shipped cumsum / kkt / gla_factors
+    configuration lists."""
     from tilela.kernels import hopper
     from tilela.kernels.hopper import launch, plan
 
@@ -73,19 +74,15 @@ def entry_points():
     def cumsum_in_kernel_gate(key, raw, params, lower_bound, cu):
         return launch.launch_cumsum(key, raw, launch.Schedule.of(raw, cu), lower_bound, params)
 
-    def kkt_solve(k, beta, gc, chunk, cu, method="blocked"):
-        gate = "none" if gc is None else ("scalar" if gc.dim() == 3 else "channel")
+    def kkt_solve(k, beta, g, chunk, cu, method="blocked", gate_in=None, params=None):
+        """A of the kkt_solve launch on g: gc (scalar [.., HV] or per channel [.., HV, K]), or with gate_in (g dtype,
+        form) GDN's raw scalar gate, which the kernel sums in its tiles (params: A_log and dt_bias stacked, None for
+        the log form)."""
+        gate = "none" if g is None else ("scalar" if g.dim() == 3 else "channel")
         lengths = [k.shape[1]] * k.shape[0] if cu is None else cu.diff().tolist()
         key, steps = plan.kkt_plan(chunk, method, hopper.DTYPE_NAMES[k.dtype], gate, k.shape[2], beta.shape[2],
-                                   lengths, hopper.multiprocessors(k.device))
-        return launch.launch_kkt(key, k, beta, gc, launch.Schedule.of(k, cu), steps)[0]
-
-    def kkt_from_raw_gate(k, beta, raw, cu, gate_in, params=None):
-        """A of kkt_solve summing the raw scalar gate in its tiles (GDN's launch: gate_in (g dtype, form), params
-        (A_log, dt_bias) stacked, None for the log form)."""
-        key, steps = plan.kkt_plan(plan.CHUNK, "blocked", hopper.DTYPE_NAMES[k.dtype], "scalar", k.shape[2],
-                                   beta.shape[2], cu.diff().tolist(), hopper.multiprocessors(k.device), gate_in)
-        return launch.launch_kkt(key, k, beta, raw, launch.Schedule.of(k, cu), steps, None, params)[0]
+                                   lengths, hopper.multiprocessors(k.device), gate_in)
+        return launch.launch_kkt(key, k, beta, g, launch.Schedule.of(k, cu), steps, None, params)[0]
 
     def factors(key, q, k, g, beta, scale, cu, params=None, lower=None):
         """(Qg, Ab = A diag(beta) or None) of gla_factors' configuration key on g (gc, or the raw gate of key's
@@ -100,7 +97,6 @@ def entry_points():
         ws_covers=lambda K, gate, delta, dtype: plan.ws_covers(hopper.DTYPE_NAMES[dtype], K, K, gate, delta),
         segment_plan=plan.SegmentPlan.of,
         kkt_solve=kkt_solve,
-        kkt_from_raw_gate=kkt_from_raw_gate,
         factors=factors,
         factors_configs=hopper.GLA_FACTORS_CONFIGS,  # (K, dtype name, gate_in, delta rule)
         cumsum_in_kernel_gate=cumsum_in_kernel_gate,
@@ -184,13 +180,13 @@ def jobs(ep, dtypes: list[str]) -> list[tuple[str, str, object]]:
             x = make_inputs(128, dtype, G=2 if pair == 2 else 1)
             g = gate_of(x, gate)
             d = cuda(x)
-            if gate_in is not None:  # the raw scalar gate summed in the tile: the log gate, or the softplus form's input
+            if gate_in is not None:  # the raw scalar gate summed in the tile: the log gate or the softplus input
                 form = gate_in[1]
                 raw = (g if form == "log" else g * 8).to(getattr(torch, gate_in[0]))
                 params = None if form == "log" else torch.stack((torch.full(raw.shape[2:], math.log(4.0)),
                                                                  torch.full(raw.shape[2:], -3.0)))
-                A = ep.kkt_from_raw_gate(d["k"], d["beta"], raw.cuda(), d["cu"], gate_in,
-                                         None if params is None else params.cuda())
+                A = ep.kkt_solve(d["k"], d["beta"], raw.cuda(), C, d["cu"], method, gate_in,
+                                 None if params is None else params.cuda())
                 g = raw.double() if params is None else apply_gate(raw.double(), form, *params.double(), None)
                 gc = reference.chunk_local_cumsum(g, C, x["cu"])
                 return (rel_l2(A, reference.kkt_solve(x["k"], x["beta"], gc, C, x["cu"])),)
