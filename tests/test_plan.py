@@ -132,7 +132,7 @@ def test_k256_takes_the_loop_pass():
 def test_split_plan_has_transitions_then_outputs():
     delta = _plan(H=2, HV=8, lengths=[32768], tokens=32768, initial_state=True)
     transitions, outputs = delta.passes
-    assert delta.split.segment_chunks == 64 and delta.combine == (128, 128, "matrix", True, True)
+    assert delta.split.segment_chunks == 32 and delta.combine == (128, 128, "matrix", True, True)
     assert (transitions.V, transitions.store_output, transitions.use_initial_state) == (256, False, False)
     assert (outputs.V, outputs.store_output, outputs.is_varlen, outputs.store_final_state) == (128, True, True, True)
     assert transitions.warmup and outputs.warmup  # GDN's split: both passes read the warm-up table
