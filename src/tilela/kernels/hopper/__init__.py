@@ -11,7 +11,7 @@ The static configurations we ship, each compiled by the tests (tests/test_compil
 precompile.py`; token counts, head counts, K (cumsum, kkt_solve) and varlen layouts are symbolic:
     chunk_local_cumsum_kernel(chunk, g dtype, gate form): "log" at every chunk, FLA's in-kernel gate forms at 64
     kkt_solve_kernel(chunk, method, k dtype, gate kind, value heads per pass, gate_in); "blocked" at chunk 16 is
-    the plain in-place forward substitution of the 16x16 block (no coupling level); gate_in None (gc), or at chunk
+    the plain forward substitution of the 16x16 block (no coupling level); gate_in None (gc), or at chunk
     64 the raw scalar gate of GDN's forms, summed in the kernel (no cumsum launch)
     gla_factors_kernel(K, q/k dtype, gate_in, whether it writes KDA's Kg and A): gate_in None (gc), or the raw gate
     of GLA's log form or KDA's forms (the log gate, the softplus and the bounded sigmoid)

@@ -289,7 +289,7 @@ def gla_factors_kernel(K: int, dtype: str, gate_in: tuple | None, delta: bool = 
                 store_rows(out_s, P, start, rows, hv, tx, xs)
 
                 if delta:
-                    invert(inv.Xd, inv.Lo, inv.M10, inv.X00, inv.X11, inv.F32, inv.T16, inv.row, inv.Q_a, inv.Q_b,
+                    invert(inv.Xd, inv.Lo, inv.M10, inv.X00, inv.X11, inv.F32, inv.T16, inv.col, inv.Q_a, inv.Q_b,
                            inv.X_a, inv.F, out_s, tx)
                     store_rows(out_s, Ab, start, rows, hv, tx, xs, beta_s)
 

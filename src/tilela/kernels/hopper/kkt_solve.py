@@ -19,8 +19,8 @@ forms KDA's A from its own score products and this file's inverse, tile_inverse)
 holds 64 / C independent chunks, so the tile matrix is block diagonal with C x C blocks, each inverted by the
 recursion of seed 000:
 
-  level 0   the four 16x16 diagonal blocks X_b = L_bb^-1, either by in-place forward substitution with the
-            row backup (blocked) or by (I+L)^-1 = (I-L)(I+L^2)(I+L^4)(I+L^8) with fp16 GEMM operands and the
+  level 0   the four 16x16 diagonal blocks X_b = L_bb^-1, either by forward substitution, each lane forming one
+            column in registers (blocked) or by (I+L)^-1 = (I-L)(I+L^2)(I+L^4)(I+L^8) with fp16 GEMM operands and the
             four blocks batched into one 64x16 @ 16x64 product whose diagonal blocks are kept (neumann);
   level 1   C >= 32: the 16x16 coupling -X_1 L_10 X_0 of each 32 half, two SIMT GEMMs on -L_10 (negated at
             extraction) with the intermediate stored transposed between them;
@@ -63,7 +63,7 @@ def inverse_buffers(C: int, P: int, method: str) -> SimpleNamespace:
     shapes = {  # name: (allocator, shape, dtype)
         "Xd": (T.alloc_shared, (P * NB, BLOCK + 1, BLOCK), ACC),
         "Lo": (T.alloc_shared, (P * NB // 2, BLOCK + 1, BLOCK), ACC),
-        "row": (T.alloc_local, (BLOCK + 1,), ACC),  # a row's backup, and its dot product in the last slot
+        "col": (T.alloc_local, (BLOCK,), ACC),  # a lane's column of its diagonal block's inverse
         "T16": (T.alloc_fragment, (P * NB // 2, BLOCK, BLOCK), ACC),
     }
     if C == 64:  # 32x32 operands of level 2 in fp16 (the 11-bit mantissa of tf32)
@@ -85,7 +85,7 @@ def inverse_buffers(C: int, P: int, method: str) -> SimpleNamespace:
 
 
 def tile_inverse(C: int, P: int, method: str):
-    """The macro invert(Xd, Lo, M10, X00, X11, F32, T16, row, Q_a, Q_b, X_a, F, out_s, tx) (inverse_buffers' buffers,
+    """The macro invert(Xd, Lo, M10, X00, X11, F32, T16, col, Q_a, Q_b, X_a, F, out_s, tx) (inverse_buffers' buffers,
     out_s a (TILE, >= P, C) shared staging, tx the thread): the block-diagonal inverse of P value heads' tiles into
     out_s[i, p, :] (row i keeps the C columns of its own chunk), by levels 0-2 of the module docstring."""
     NB = TILE // BLOCK
@@ -118,23 +118,23 @@ def tile_inverse(C: int, P: int, method: str):
                         X_a[p, i, j % BLOCK] = Xd[p * NB + i // BLOCK, i % BLOCK, j % BLOCK]
 
     @T.macro
-    def invert(Xd, Lo, M10, X00, X11, F32, T16, row, Q_a, Q_b, X_a, F, out_s, tx):
+    def invert(Xd, Lo, M10, X00, X11, F32, T16, col, Q_a, Q_b, X_a, F, out_s, tx):
         # level 0: the P * NB diagonal 16x16 blocks
         if method == "blocked":
-            # lane (b, t) owns column t of block b: 16 lanes per block, two blocks per warp; with P = 1 the upper
-            # 64 threads have no block and stay out (their reads would race the lanes' writes)
+            # lane (b, t) owns column t of block b (16 lanes per block, two blocks per warp; with P = 1 the upper 64
+            # threads have no block) and forms it down the rows in registers, X_rt = delta_rt - sum_m<r L_rm X_mt,
+            # reading only L, which no lane writes before all have read it: one barrier, not one a row
             b = (tx // BLOCK) % (P * NB)
             t = tx % BLOCK
             lane = tx < P * NB * BLOCK
-            for r in T.unroll(1, BLOCK):
-                if lane:
+            if lane:
+                for r in T.unroll(BLOCK):
+                    col[r] = T.if_then_else(r == t, 1.0, 0.0)
                     for m in T.unroll(r):
-                        row[m] = Xd[b, r, m]  # row backup: L[r, :r] before it is overwritten
-                    row[BLOCK] = 0.0
-                    for m in T.unroll(r):
-                        row[BLOCK] -= Xd[b, m, t] * row[m]
-                if t < r and lane:
-                    Xd[b, r, t] = row[BLOCK]
+                        col[r] -= Xd[b, r, m] * col[m]
+            if lane:
+                for r in T.unroll(BLOCK):
+                    Xd[b, r, t] = col[r]
         else:
             for p in T.unroll(P):
                 neumann_blocks(p, Xd, Q_a, Q_b, X_a, F)
@@ -355,7 +355,7 @@ def kkt_solve_kernel(chunk: int, method: str, dtype: str, gate: str, pair: int, 
                                 M10[p, r, c] = -scaled(KKs, beta_s, g_s, rows, p, 2 + r // BLOCK, c // BLOCK, r % BLOCK,
                                                        c % BLOCK)
 
-                        invert(inv.Xd, inv.Lo, inv.M10, inv.X00, inv.X11, inv.F32, inv.T16, inv.row, inv.Q_a,
+                        invert(inv.Xd, inv.Lo, inv.M10, inv.X00, inv.X11, inv.F32, inv.T16, inv.col, inv.Q_a,
                                inv.Q_b, inv.X_a, inv.F, out_s, tx)
 
                         # write back the rows of this sequence, for the live value heads
