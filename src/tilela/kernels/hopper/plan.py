@@ -285,21 +285,21 @@ def segment_sizes(longest: int) -> list[int]:
     return sorted(size for size in sizes if 4 <= size < longest)
 
 
-def auto_split(lengths, heads: int, sms: int, K: int = 128, gate: str = "scalar", delta: bool = True,
-               margin: float = SPLIT_MARGIN) -> SegmentPlan | None:
-    """The segment size (segment_sizes) of least modelled time, if it beats the unsplit pass's by the margin; else
-    None. Under the warm-up (warms) the time is the geometric mean of the two gate regimes' (every head decaying;
-    MIXED_UNBOUNDED of the heads through the transitions), held to MIXED_MARGIN of the unsplit pass's instead."""
+def auto_split(lengths, heads: int, sms: int, K: int = 128, gate: str = "scalar",
+               delta: bool = True) -> SegmentPlan | None:
+    """The segment size (segment_sizes) of least modelled time, if it is at most SPLIT_MARGIN of the unsplit pass's;
+    else None. Under the warm-up (warms) the time is the geometric mean of the two gate regimes' (every head
+    decaying; MIXED_UNBOUNDED of the heads through the transitions), held to MIXED_MARGIN instead."""
     longest = max((math.ceil(n / CHUNK) for n in lengths), default=0)
     warmup = warms(gate, delta)
 
-    def split_ms(split):
+    def split_ms(split):  # unsplit (None): the gate regime does not enter the model
         if not warmup:
             return modelled_ms(lengths, heads, sms, split, K, gate, delta)
         return math.sqrt(modelled_ms(lengths, heads, sms, split, K, gate, delta, unbounded=0.0)
                          * modelled_ms(lengths, heads, sms, split, K, gate, delta, MIXED_UNBOUNDED))
 
-    best, best_ms = None, (MIXED_MARGIN if warmup else margin) * modelled_ms(lengths, heads, sms, None, K, gate, delta)
+    best, best_ms = None, (MIXED_MARGIN if warmup else SPLIT_MARGIN) * split_ms(None)
     for segment_chunks in segment_sizes(longest):
         split = SegmentPlan.of(lengths, segment_chunks)
         ms = split_ms(split)
