@@ -40,10 +40,11 @@ def test_kda_grid_is_the_issue_grid():
     from tilela.bench import kda
 
     full = {c.name: c.params for c in kda.cases(False)}
-    # HV x T, then varlen, the long few-head case, FlashKDA's B = 2, the tensor-parallel shard; two gates
-    assert len(full) == (3 * 2 + 4) * 2
+    # HV x T, then varlen, the long few-head case, FlashKDA's B = 2, the tensor-parallel shard, three small calls;
+    # two gates
+    assert len(full) == (3 * 2 + 4 + 3) * 2
     assert {"1x32768_h8-8_softplus", "1024x8_h32-32_bounded", "1x65536_h4-16_softplus",
-            "1x65536_h4-4_bounded"} <= set(full)
+            "1x65536_h4-4_bounded", "serving40_h4-4_bounded", "1x512_h32-32_softplus"} <= set(full)
     assert full["2x8192_h64-64_bounded"]["B"] == 2 and full["1x8192_h64-64_softplus"]["B"] == 1
 
 

@@ -81,6 +81,8 @@ CASES = [
     ("chunk_fwd", "channel", True, 128, "bfloat16", "float32", FLAGS[0]),  # KDA
     ("chunk_fwd", "channel", True, 64, "float16", "float32", FLAGS[3]),
     ("chunk_fwd", "channel", True, 128, "float16", "float32", FLAGS[1]),
+    ("chunk_fwd16", "channel", True, 128, "bfloat16", "float32", FLAGS[0]),  # KDA's short-chunk path
+    ("chunk_fwd16", "channel", True, 64, "float16", "float32", FLAGS[2]),
 ]
 
 
@@ -101,9 +103,9 @@ def _lower(case):
 
     kind, gate, delta, K, dtype, beta_dtype, flags = case
     H, HV = 2, 4
-    if kind == "chunk_fwd":
+    if kind.startswith("chunk_fwd"):
         func = chunk_fwd_kernel(K, K, K**-0.5, gate, delta, dtype, beta_dtype or "float32", *flags,
-                                *loop_tiles(K, gate, delta, dtype))
+                                *loop_tiles(K, gate, delta, dtype, 16 if kind == "chunk_fwd16" else 64))
     elif kind.startswith("ws"):
         split = kind.startswith(("ws_split", "ws_warmsplit"))
         V = 2 * K if split and delta else K  # the transitions' [V | 0] value with the delta rule
@@ -135,5 +137,6 @@ def _case_id(case):
 @pytest.mark.parametrize("case", CASES, ids=[_case_id(c) for c in CASES])
 def test_compiles_for_sm90a(compiled, case):
     source, smem = compiled[case]
-    assert "wgmma" in source  # the input-dtype GEMMs on Hopper's warpgroup tensor-core instructions
+    # the input-dtype GEMMs on Hopper's warpgroup tensor-core instructions; chunk 16's two warps on mma.sync
+    assert ("mma_sync" if case[0] == "chunk_fwd16" else "wgmma") in source
     assert smem <= SMEM_LIMIT, f"{smem} bytes of shared memory"

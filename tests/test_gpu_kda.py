@@ -137,31 +137,34 @@ def test_wild_gates_on_the_kernels(kernels_only, op, K, dtype):
 
 
 def _passes(K):
-    """The single-warp-group pass ("loop") and the warp-specialised pass at each DV block it is built for."""
+    """(kernel, DV block, chunk): the single-warp-group pass ("loop") at chunk 64 and at 16 (the short-chunk path:
+    kkt_solve's Neumann inverse) and the warp-specialised pass at each DV block it is built for."""
     from tilela.kernels.hopper import plan
 
-    return [("loop", None)] + [("ws", block) for block in plan.dv_blocks(K, "channel", True)
-                               if block >= 32 or K >= 128]
+    return [("loop", None, 64), ("loop", None, 16)] + [("ws", block, 64) for block in plan.dv_blocks(K, "channel", True)
+                                                       if block >= 32 or K >= 128]
 
 
 @pytest.mark.parametrize("case,state_pass", [(case, p) for case in CASES for p in _passes(case[4])],
-                         ids=lambda x: f"{x[0]}{x[1] or ''}" if isinstance(x[0], str)
+                         ids=lambda x: f"{x[0]}{x[1] or ''}_C{x[2]}" if isinstance(x[0], str)
                          else f"{'+'.join(map(str, x[0]))}x{x[1]}_K{x[4]}")
 def test_kda_state_passes_against_float64_reference(case, state_pass):
-    """The per-channel delta rule through the plan's stages on either state pass: the loop pass reads gc and A;
-    the warp-specialised pass (gla_factors with Kg and Ab = A diag(beta), summing the raw gate in its tile, then
-    the pass with Kg and P in their own input slots) at every DV block it is built for."""
+    """The per-channel delta rule through the plan's stages on either state pass: the loop pass reads gc and A (at
+    chunk 64, and at 16 with kkt_solve's Neumann inverse); the warp-specialised pass (gla_factors with Kg and Ab =
+    A diag(beta), summing the raw gate in its tile, then the pass with Kg and P in their own input slots) at every
+    DV block it is built for."""
     from tilela.kernels import hopper
 
     lengths, B, H, HV, K, dtype = case
-    kernel, block = state_pass
-    x = make(lengths, B, H, HV, K, dtype, seed=sum(lengths) + (block or 0))
+    kernel, block, chunk = state_pass
+    x = make(lengths, B, H, HV, K, dtype, seed=sum(lengths) + (block or 0) + chunk)
     d = {n: None if t is None else t.cuda() for n, t in x.items()}
     plan = hopper.plan_call(d["q"], d["v"], d["g"], d["beta"], K**-0.5, gate="channel",
                             lengths=list(lengths) * B, initial_state=True, output_final_state=True,
-                            varlen=x["cu_seqlens"] is not None, kernel=kernel, block_DV=block)
+                            varlen=x["cu_seqlens"] is not None, kernel=kernel, block_DV=block, chunk=chunk)
     factors = (K, hopper.DTYPE_NAMES[dtype], ("float32", "log"), True) if kernel == "ws" else None
     assert plan.output.kernel == kernel and plan.factors == factors and (plan.cumsum is None) == (kernel == "ws")
+    assert kernel == "ws" or (plan.cumsum[0], plan.kkt[:2]) == (chunk, (chunk, "neumann" if chunk == 16 else "blocked"))
     o, S = hopper.forward(plan, d["q"], d["k"], d["v"], d["g"], d["beta"], d["initial_state"], d["cu_seqlens"])
     ref_o, ref_S = reference.chunked(x["q"], x["k"], x["v"], g=x["g"], beta=x["beta"],
                                      initial_state=x["initial_state"], cu_seqlens=x["cu_seqlens"])

@@ -126,7 +126,27 @@ def test_kda_plan_takes_the_warp_specialised_pass():
 
 def test_k256_takes_the_loop_pass():
     (cfg,) = _plan(K=256, V=256).passes
-    assert cfg.kernel == "loop" and cfg.tiles == (32, 128, 1)
+    assert cfg.kernel == "loop" and cfg.tiles == (32, 128, 1, 64)
+
+
+@pytest.mark.parametrize("form,gate_dtype", [("sigmoid", "bfloat16"), ("log", "float32")])
+def test_kda_short_chunk_path_runs_every_stage_at_16(form, gate_dtype):
+    """chunk=16: the cumsum (forming the gate), kkt_solve's Neumann inverse and the loop pass at 16, no gla_factors,
+    and no split or token-range pipeline even where the chunk-64 plan takes them."""
+    long = dict(gate="channel", gate_dtype=gate_dtype, gate_form=form, H=4, HV=4, lengths=[65536], tokens=65536)
+    assert _plan(**long).split is not None
+    plan = _plan(**long, chunk=16, graph=True)
+    assert plan.cumsum == (16, gate_dtype, form) and plan.kkt == (16, "neumann", "bfloat16", "channel", 1, None)
+    assert plan.factors is None and plan.split is None and plan.pipeline is None and plan.combine is None
+    (cfg,) = plan.passes
+    assert cfg.kernel == "loop" and cfg.tiles == (32, 64, 2, 16) and cfg.gate == "channel" and cfg.delta
+
+
+@pytest.mark.parametrize("options", [dict(chunk=32), dict(chunk=16, kernel="ws"), dict(chunk=16, gate="scalar"),
+                                     dict(chunk=16, gate="channel", delta=False, beta_dtype=None)])
+def test_short_chunk_path_is_kdas_on_the_loop_pass(options):
+    with pytest.raises(ValueError, match="chunk"):
+        _plan(**dict(dict(gate="channel"), **options))
 
 
 def test_split_plan_has_transitions_then_outputs():

@@ -9,7 +9,8 @@ them beforehand, on any machine with TileLang and nvcc (no GPU needed: the targe
     split's warm-up table (one configuration);
   - the state/output passes of every attention op at K = V in {64, 128, 256}, bf16 and fp16, with the (varlen,
     initial state, final state) switches the GPU tests and benchmarks use: GDN in both passes (and its
-    half-precision beta), the other ops in the pass that serves them, the warp-specialised pass at every DV block
+    half-precision beta), KDA in both and on the loop pass at chunk 16 too (its short-chunk path), the other ops in
+    the pass that serves them, the warp-specialised pass at every DV block
     it is built for (plan.dv_blocks) and the sequence split's transitions and, for GDN, its outputs pass under the
     warm-up.
 
@@ -51,16 +52,18 @@ def jobs() -> list[Job]:
     """Every kernel configuration this module compiles (see the module docstring)."""
     from .kernels.hopper import CUMSUM_CONFIGS, GLA_FACTORS_CONFIGS, KKT_CONFIGS, L2NORM_CONFIGS, SEQ_COMBINE_CONFIGS
     from .kernels.hopper.plan import CHUNK as TILE
-    from .kernels.hopper.plan import covers, dv_blocks, warms, ws_covers
+    from .kernels.hopper.plan import SHORT_CHUNK, covers, dv_blocks, warms, ws_covers
 
     op_of = {level: op for op, level in ATTENTION_OPS.items()}
     gated = frozenset(op for op, (gate, _) in ATTENTION_OPS.items() if gate != "none")
-    gdn = op_of["scalar", True]  # its kkt_solve sums the gate (no cumsum stage)
-    out = [Job("cumsum", c, frozenset({"chunk_local_cumsum"}) | (gated - {gdn} if c[0] == TILE else frozenset())
-               if c[2] == "log" else frozenset({op_of["channel", True]})) for c in CUMSUM_CONFIGS]
+    gdn, kda = op_of["scalar", True], op_of["channel", True]  # GDN's kkt_solve sums the gate (no cumsum stage)
+    short = {SHORT_CHUNK: {kda}, TILE: gated - {gdn}}  # the log gate's cumsum by chunk (KDA's short-chunk path: 16)
+    out = [Job("cumsum", c, frozenset({"chunk_local_cumsum"}) | short.get(c[0], set()) if c[2] == "log"
+               else frozenset({kda})) for c in CUMSUM_CONFIGS]
     out += [Job("kkt", c, frozenset({gdn}) if c[5] else frozenset(
-        {"kkt_solve"} | ({op_of[c[3], True]} if c[:2] == (TILE, "blocked") and c[3] != "scalar" else set())),
-        dtype=c[2]) for c in KKT_CONFIGS]
+        {"kkt_solve"} | ({op_of[c[3], True]} if c[:2] == (TILE, "blocked") and c[3] != "scalar" else set())
+        | ({kda} if (c[0], c[1], c[3]) == (SHORT_CHUNK, "neumann", "channel") else set())), dtype=c[2])
+        for c in KKT_CONFIGS]
     out += [Job("gla", c, frozenset({op_of["channel", c[3]]}), dtype=c[1], K=c[0]) for c in GLA_FACTORS_CONFIGS]
     # by (transition, warm-up): the plain update's gate kinds, the delta rule's [B | M] (GDN's under the warm-up)
     combine_ops = {("none", False): {op_of["none", False]}, ("scalar", False): {op_of["scalar", False]},
@@ -78,7 +81,8 @@ def jobs() -> list[Job]:
         for beta_dtype in ("float32", dtype) if gate == "scalar" and delta else ("float32",):
             if covers(dtype, K, K, gate, delta) and (
                     gate == "channel" or K == 256 or (gate, delta) == ("scalar", True)):
-                out.append(Job("chunk_fwd", (K, gate, delta, dtype, beta_dtype, flags), **level))
+                out += [Job("chunk_fwd", (K, gate, delta, dtype, beta_dtype, flags, chunk), **level)
+                        for chunk in (TILE, SHORT_CHUNK)[:1 + ((gate, delta) == ("channel", True))]]
             if ws_covers(dtype, K, K, gate, delta):  # what "auto" picks
                 out += [Job("ws", (K, K, gate, delta, dtype, beta_dtype, flags, block_DV, True, False), **level)
                         for block_DV in dv_blocks(K, gate, delta)]
@@ -146,8 +150,8 @@ def compile_one(job: Job) -> Result:
     try:
         if job.kind in ("chunk_fwd", "ws"):
             if job.kind == "chunk_fwd":
-                K, gate, delta, dtype, beta_dtype, flags = job.config
-                V, tiles = K, loop_tiles(K, gate, delta, dtype)
+                K, gate, delta, dtype, beta_dtype, flags, chunk = job.config
+                V, tiles = K, loop_tiles(K, gate, delta, dtype, chunk)
             else:
                 K, V, gate, delta, dtype, beta_dtype, flags, block_DV, store_output, warmup = job.config
                 tiles = (block_DV, store_output, warmup)

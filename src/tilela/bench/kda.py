@@ -11,6 +11,9 @@ Implementations (given cu_seqlens and its host copy where varlen):
   tilela       tilela.chunk_kda (the Hopper kernels, both forms)
   tilela_loop  the bounded form through our pipeline on the single-warp-group pass (plan kernel="loop", whose
                scores are exact only while no channel decays by more than e^-80 within 16 tokens)
+  tilela_c16   the bounded form through the short-chunk path (plan chunk=16: the cumsum, kkt_solve's Neumann
+               inverse and the loop pass at chunk 16; the same exactness bound): beside tilela_loop, the chunk's
+               effect alone
   tilela_dv16, tilela_dv32, tilela_dv64
                our pipeline with the warp-specialised pass's DV block fixed (each block it is built for,
                plan.dv_blocks; unsplit, unpipelined): with --profile, the chunk periods of plan.CHUNK_US["kda", ...]
@@ -21,7 +24,8 @@ Implementations (given cu_seqlens and its host copy where varlen):
 Cases (K = V = 128): HV in {8, 32, 64} (H = HV) x T in {8192, 32768}; varlen 1024x8 at h32; one 65536-token
 sequence at h4/16 and at h4/4 (Kimi Linear's 32 heads sharded over 8 GPUs: the sequence split's case); FlashKDA's
 published H200 cases, B = 1 and B = 2 at T = 8192, H = 64 (FlashKDA 1.209 and 1.627 ms there, FLA 0.5 1.810 and
-3.576 ms).
+3.576 ms); small calls, where a short chunk's shorter stages could pay: a serving-like batch of 40 sequences of
+50-2000 tokens at h4/4, one 512-token sequence at h4/4 and h32/32.
 Floor: q, k, v, the raw gate, beta read once, o written once, the state read and written once; FLOPs of the chunk
 form per value head (K K^T and Q K^T with the gate folded in, A R, K S, Q S, P Vnew and K^T Vnew per chunk).
 """
@@ -35,14 +39,15 @@ import torch.nn.functional as F
 from tilela import reference
 
 from . import Bench, Case, _try_import, hopper_plan
-from .gdn import _boundaries
+from .gdn import _boundaries, _serving_mix
 
 DIM = 128
 CHUNK = 64
 LOWER_BOUND = -5.0
 GRID = [((hv, hv), f"1x{T}", (T,), 1) for hv in (8, 32, 64) for T in (8192, 32768)]
 EXTRA = [((32, 32), "1024x8", (1024,) * 8, 1), ((4, 16), "1x65536", (65536,), 1),
-         ((64, 64), "2x8192", (8192,), 2), ((4, 4), "1x65536", (65536,), 1)]
+         ((64, 64), "2x8192", (8192,), 2), ((4, 4), "1x65536", (65536,), 1),
+         ((4, 4), "serving40", _serving_mix(), 1), ((4, 4), "1x512", (512,), 1), ((32, 32), "1x512", (512,), 1)]
 QUICK = ["1x8192_h64-64", "2x8192_h64-64", "1024x8_h32-32", "1x65536_h4-16"]
 DV_BLOCKS = (16, 32, 64)  # plan.dv_blocks(DIM, "channel", True)
 
@@ -96,7 +101,8 @@ def _ours(case, x):
 
 def _ours_plan(case, x, only=None, **options):
     """The case's gate form through the plan's stages with make_plan's options (kernel="loop": the gate formed in
-    the cumsum stage, the single-warp-group pass, None for the softplus form, past its exactness bound; block_DV:
+    the cumsum stage, the single-warp-group pass, None for the softplus form, past its exactness bound; chunk=16
+    there: the short-chunk path; block_DV:
     the warp-specialised pass's DV block; split=None, pipeline=None: the split, the token-range pipeline off).
     only ("split" or "pipeline"): None where the op's own plan in a graph's capture has none."""
     from tilela.kernels import hopper
@@ -155,6 +161,7 @@ BENCH = Bench(
                  _case((2, 4), "300+1+77+64", (300, 1, 77, 64), 1, "bounded")],
     make_inputs=make_inputs,
     impls={"tilela": _ours, "tilela_loop": functools.partial(_ours_plan, kernel="loop"),
+           "tilela_c16": functools.partial(_ours_plan, kernel="loop", chunk=16),
            **{f"tilela_dv{block}": functools.partial(_ours_plan, block_DV=block, split=None, pipeline=None)
               for block in DV_BLOCKS},
            "tilela_unsplit": functools.partial(_ours_plan, split=None, only="split"),

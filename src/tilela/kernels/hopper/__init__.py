@@ -9,7 +9,8 @@ the kernels can run on given tensors.
 
 The static configurations we ship, each compiled by the tests (tests/test_compile*.py) and by `benchmarks/
 precompile.py`; token counts, head counts, K (cumsum, kkt_solve) and varlen layouts are symbolic:
-    chunk_local_cumsum_kernel(chunk, g dtype, gate form): "log" at every chunk, FLA's in-kernel gate forms at 64
+    chunk_local_cumsum_kernel(chunk, g dtype, gate form): "log" at every chunk, FLA's in-kernel gate forms at 64 and
+    16 (KDA's short-chunk path)
     kkt_solve_kernel(chunk, method, k dtype, gate kind, value heads per pass, gate_in); "blocked" at chunk 16 is
     the plain forward substitution of the 16x16 block (no coupling level); gate_in None (gc), or at chunk
     64 the raw scalar gate of GDN's forms, summed in the kernel (no cumsum launch)
@@ -27,12 +28,12 @@ import functools
 
 import torch
 
-from .plan import CHUNK, HALF, L2NORM_DIMS, Plan, SegmentPlan, make_plan
+from .plan import CHUNK, HALF, L2NORM_DIMS, SHORT_CHUNK, Plan, SegmentPlan, make_plan
 
 DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
 CUMSUM_CONFIGS = [(C, d, "log") for C in (16, 32, 64) for d in ("float32", *HALF)] + [
-    (CHUNK, d, form) for form in ("softplus", "sigmoid") for d in ("float32", *HALF)]
+    (C, d, form) for C in (SHORT_CHUNK, CHUNK) for form in ("softplus", "sigmoid") for d in ("float32", *HALF)]
 KKT_METHODS = [(16, "blocked"), (32, "blocked"), (64, "blocked"), (16, "neumann"), (32, "neumann"), (64, "neumann")]
 GATE_DTYPES = ("float32", *HALF)
 KDA_FORMS = ("log", "softplus", "sigmoid")

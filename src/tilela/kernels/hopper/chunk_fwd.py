@@ -1,4 +1,4 @@
-"""Chunk forward, state/output pass of the linear-attention ladder (C = 64): one CTA per (DV block, sequence,
+"""Chunk forward, state/output pass of the linear-attention ladder (C = 64, or 16): one CTA per (DV block, sequence,
 value head), the chunk loop inside the CTA (seed 002 §6.4.2, sequence in the loop).
 
 Mirrors reference layer D (reference.seq_in_loop), whose per-chunk step is reference.chunk_math.chunk_forward.
@@ -15,13 +15,17 @@ One builder serves the ladder through two static choices, gate and delta:
     level 4 delta_rule   ("none", delta)     GDN ("scalar", delta)                     KDA ("channel", delta)
 gate "none" drops every exp factor (gc = 0) and the g input; the plain update drops A, beta and the Vnew pass.
 
+Chunk 16 is the short-chunk path (seed 003: FlashKDA's chunk): kkt_solve's A from the 16x16 Neumann product, four
+times the chain's steps at a quarter of the intra-chunk work each (plan.SHORT_CHUNK). Its 16-row products run on two
+warps (plan.loop_tiles): a 16 x 16 product has no rows or columns for more.
+
 Per-key-channel scores ("channel").  exp(gc_i - gc_j) cannot be split as exp(gc_i) exp(-gc_j) over a whole chunk:
-exp(-gc_j) overflows once a channel has decayed by e^-88 within the chunk.  The chunk is cut into four 16-row
-sub-chunks; query rows of sub-chunk a use the reference R_a = gc of the row just before it (R_0 = 0):
+exp(-gc_j) overflows once a channel has decayed by e^-88 within the chunk.  The chunk is cut into 16-row
+sub-chunks (one at C = 16); query rows of sub-chunk a use the reference R_a = gc of the row just before it (R_0 = 0):
 
     Gamma_ij = [q_i exp(gc_i - R_a)] . [k_j exp(R_a - gc_j)]     for i in sub-chunk a, j <= i,
 
-one 64x64 GEMM per sub-chunk (key rows j < 16 (a + 1)), keeping the rows of sub-chunk a (key rows past
+one C x C GEMM per sub-chunk (key rows j < 16 (a + 1)), keeping the rows of sub-chunk a (key rows past
 16 (a + 1) are stale and only reach masked entries, j > i, which selects drop).  For j before
 sub-chunk a both exponents are <= 0 (FLA's chunk_gla off-diagonal blocks); only the diagonal 16x16 block has a
 positive exponent, R_a - gc_j = -(g summed over at most 16 tokens of sub-chunk a).  So the scores are exact as
@@ -32,7 +36,7 @@ e^11.  Every other factor (Q ⊙ exp gc, the state decay exp(gc_last), K ⊙ exp
 exponent for any gate and stays in the input dtype.
 
 The state S stays in registers (fp32) for the whole sequence; only its low-precision copy goes through shared
-memory to feed the tensor cores.  q/k/v/A tiles are whole 64-row TMA tiles through a double-buffered pipeline
+memory to feed the tensor cores.  q/k/v/A tiles are whole C-row TMA tiles through a double-buffered pipeline
 (TileLang specialises a producer warp group); rows past the tensor end come back as zeros.  A varlen tail tile
 also holds rows of the next sequence: their k, v and A rows are zeroed in shared memory before any product reads
 them (a mask by multiplication would carry a non-finite value of the next sequence across: 0 x NaN is NaN),
@@ -42,7 +46,6 @@ out of valid output rows, their Vnew rows are zeroed before the state update, an
 
 import tilelang.language as T
 
-from .common import TILE as CHUNK
 from .common import channel_score_dtype, exp_e, sequence_of, state_pass_contract, subchunk_scores
 
 
@@ -60,19 +63,23 @@ def chunk_fwd_kernel(
     block_DV=32,
     threads=128,
     num_stages=2,
+    chunk=64,
 ):
     """Build the state/output pass for static head sizes, gate kind, update rule and tile sizes.
 
     Batch, sequence length, head counts and number of sequences are dynamic: one compiled kernel serves every
     T, every head configuration (GVA ratio G = HV / H) and every varlen layout.  Grid: (V // block_DV, HV,
     N sequences in the launch order).  Inputs absent for a configuration (g without a
-    gate; beta and A for the plain update) are one-element placeholders.
+    gate; beta and A for the plain update) are one-element placeholders. chunk: C, 64 or 16 (A [.., C] and gc
+    chunk-local at C).
     """
-    C = CHUNK
+    if chunk not in (16, 64):
+        raise ValueError(f"chunk: expected 16 or 64, got {chunk}")
+    C = chunk
     NV = V // block_DV
     accum = "float32"
     score_dtype = channel_score_dtype(dtype)
-    sig = state_pass_contract(K, V, gate, delta, dtype, beta_dtype)
+    sig = state_pass_contract(K, V, gate, delta, dtype, beta_dtype, chunk=C)
     B, Tn, H, HV, NS1 = sig.B, sig.Tn, sig.H, sig.HV, sig.NS1
 
     @T.macro
@@ -183,7 +190,7 @@ def chunk_fwd_kernel(
                         X_s[i, d] = q_s[i, d] * exp_e(g_s[i, d])
                     T.gemm(X_s, S_s, O_f, clear_accum=True)
                     # per-channel scores, sub-chunk a against the reference R_a (module docstring)
-                    subchunk_scores(q_s, k_s, g_s, Qr_s, Kr_s, P_f, Pa_f, K, exp_e)
+                    subchunk_scores(q_s, k_s, g_s, Qr_s, Kr_s, P_f, Pa_f, K, exp_e, C)
                 else:
                     T.gemm(q_s, S_s, O_f, clear_accum=True)
                     T.gemm(q_s, k_s, P_f, transpose_B=True, clear_accum=True)

@@ -151,29 +151,30 @@ def gate_column(g, A_log, dt_bias, scale, start, end, hv, width, gl, part_s, for
 
 
 SUB = 16  # rows of a sub-chunk of the per-channel scores
-SUBCHUNKS = tuple(range(TILE // SUB))  # a Python tuple: the loop over it unrolls when the kernel is parsed
+# a chunk's sub-chunks, as Python tuples: the loop over them unrolls when the kernel is parsed
+SUBCHUNKS = {C: tuple(range(C // SUB)) for C in (SUB, TILE)}
 
 
 @T.macro
-def subchunk_scores(q_s, k_s, g_s, Qr_s, Kr_s, P_f, Pa_f, K, exp):
-    """P_f[i, j] <- sum_d q_id k_jd exp(g_id - g_jd) for j <= i of a 64-row tile under a per-key-channel gate
-    (g the chunk-local cumsum, its rows past a sequence end clamped to the last; entries j > i are stale: callers
-    select them away). exp(g_i - g_j) cannot be split as exp(g_i) exp(-g_j) over the tile (exp(-g_j) overflows
-    once a channel has decayed by e^-88), so query rows of 16-row sub-chunk a use the reference R_a = g of the row
-    before it (R_0 = 0): one 64x64 product of q_i exp(g_i - R_a) (Qr_s) and k_j exp(R_a - g_j) (Kr_s, key rows
-    j < 16 (a + 1)) per sub-chunk, keeping a's rows. Only the diagonal 16x16 block has a positive exponent,
-    R_a - g_j, over at most 16 tokens: exact while no channel decays by more than e^-80 within 16 tokens.
-    exp: exp_e for g in natural-log units, T.exp2 for log2 units."""
-    for i, d in T.Parallel(TILE, K):
+def subchunk_scores(q_s, k_s, g_s, Qr_s, Kr_s, P_f, Pa_f, K, exp, C=TILE):
+    """P_f[i, j] <- sum_d q_id k_jd exp(g_id - g_jd) for j <= i of a C-row chunk (C a multiple of SUB) under a
+    per-key-channel gate (g the chunk-local cumsum, its rows past a sequence end clamped to the last; entries j > i
+    are stale: callers select them away). exp(g_i - g_j) cannot be split as exp(g_i) exp(-g_j) over a 64-row chunk
+    (exp(-g_j) overflows once a channel has decayed by e^-88), so query rows of 16-row sub-chunk a use the reference
+    R_a = g of the row before it (R_0 = 0): one C x C product of q_i exp(g_i - R_a) (Qr_s) and k_j exp(R_a - g_j)
+    (Kr_s, key rows j < 16 (a + 1)) per sub-chunk, keeping a's rows (C = 16: one product, R_0 = 0). Only the
+    diagonal 16x16 block has a positive exponent, R_a - g_j, over at most 16 tokens: exact while no channel decays
+    by more than e^-80 within 16 tokens. exp: exp_e for g in natural-log units, T.exp2 for log2 units."""
+    for i, d in T.Parallel(C, K):
         Qr_s[i, d] = q_s[i, d] * exp(g_s[i, d] - T.if_then_else(i >= SUB, g_s[T.max(i // SUB * SUB - 1, 0), d], 0))
-    for a in SUBCHUNKS:
+    for a in SUBCHUNKS[C]:
         for j, d in T.Parallel((a + 1) * SUB, K):
             Kr_s[j, d] = k_s[j, d] * exp((g_s[a * SUB - 1, d] if a > 0 else 0) - g_s[j, d])
         if a == 0:
             T.gemm(Qr_s, Kr_s, P_f, transpose_B=True, clear_accum=True)
         else:
             T.gemm(Qr_s, Kr_s, Pa_f, transpose_B=True, clear_accum=True)
-            for i, j in T.Parallel(TILE, TILE):
+            for i, j in T.Parallel(C, C):
                 P_f[i, j] = T.if_then_else(i >= a * SUB, Pa_f[i, j], P_f[i, j])
 
 
@@ -189,7 +190,7 @@ def extended_value(K, V):
     return V == 2 * K
 
 
-def state_pass_contract(K, V, gate, delta, dtype, beta_dtype, scores=False, warmup=False):
+def state_pass_contract(K, V, gate, delta, dtype, beta_dtype, scores=False, warmup=False, chunk=TILE):
     """The launch contract both state/output passes (hopper/chunk_fwd.py, hopper/chunk_fwd_ws.py) compile against,
     as a namespace: the dynamic sizes B, Tn, H, HV, NS1 (batch, tokens, q/k heads, value heads, len(cu_seqlens))
     and the tensor types of the fourteen arguments, in order q, k, v, g, beta, A, h0, cu_seqlens, o, ht, kg, P,
@@ -220,7 +221,7 @@ def state_pass_contract(K, V, gate, delta, dtype, beta_dtype, scores=False, warm
         v=T.Tensor([B, Tn, HV, V_in], dtype),
         g=T.Tensor(g_shape, accum),
         beta=T.Tensor([B, Tn, HV] if delta and not scores else [1], beta_dtype),
-        A=T.Tensor([B, Tn, HV, TILE] if delta else [1], dtype),
+        A=T.Tensor([B, Tn, HV, chunk] if delta else [1], dtype),
         h0=T.Tensor([N0, HV, K, V], accum),
         cu_seqlens=T.Tensor([NS1], "int32"),
         o=T.Tensor([B, Tn, HV, V_in], dtype),

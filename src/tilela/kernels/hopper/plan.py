@@ -42,6 +42,10 @@ from dataclasses import dataclass
 from ..._gates import GATE_FORMS
 
 CHUNK = 64  # tokens per chunk of every stage (and per tile of the tile-parallel kernels)
+# KDA's short-chunk path (make_plan's chunk option): the cumsum, kkt_solve's Neumann inverse and the loop pass at 16.
+# make_plan takes it only when asked: on every KDA layout of the bench it measured 6-38x the chunk-64 pipeline's time
+# (1.1-1.8x the loop pass at 64; "the short-chunk path measured" in benchmarks/NOTES.md)
+SHORT_CHUNK = 16
 GATES = ("none", "scalar", "channel")
 HALF = ("bfloat16", "float16")
 L2NORM_DIMS = (64, 128, 256)
@@ -397,12 +401,16 @@ def splits(gate: str, delta: bool) -> bool:
     return gate != "channel" or delta
 
 
-def loop_tiles(K: int, gate: str, delta: bool, dtype: str) -> tuple[int, int, int]:
-    """chunk_fwd.py's tiles (block_DV, threads, num_stages): 32-wide DV blocks (4 CTAs per value head at V = 128);
-    one stage where double buffers would pass the 227 KiB of shared memory: q/k at K = 256; with the per-channel
-    gate at K = 128, its fp32 gc tile plus the delta-rule tiles or the fp32 score operands of fp16 inputs."""
+def loop_tiles(K: int, gate: str, delta: bool, dtype: str, chunk: int = CHUNK) -> tuple[int, int, int, int]:
+    """chunk_fwd.py's tiles (block_DV, threads, num_stages, chunk): 32-wide DV blocks (4 CTAs per value head at V =
+    128); one stage where double buffers would pass the 227 KiB of shared memory: q/k at K = 256; with the
+    per-channel gate at K = 128, its fp32 gc tile plus the delta-rule tiles or the fp32 score operands of fp16
+    inputs. Chunk 16: two warps (a 16 x 16 product's rows and columns cover no more), whose 16-row tiles leave room
+    for two stages at every K."""
+    if chunk == SHORT_CHUNK:
+        return 32, 64, 2, chunk
     single = K >= 256 or (gate == "channel" and K >= 128 and (delta or dtype == "float16"))
-    return 32, 128, 1 if single else 2
+    return 32, 128, 1 if single else 2, chunk
 
 
 # ---- the plan ----------------------------------------------------------------------------------------------------
@@ -411,7 +419,7 @@ class PassConfig:
     """One state/output launch's static configuration, its compile key: `args` are the builder's arguments
     (chunk_fwd_ws.chunk_fwd_ws_kernel for kernel "ws", chunk_fwd.chunk_fwd_kernel for "loop"). tiles: (block_DV,
     store_output, warmup) for "ws" (warmup: the split's passes read the warm-up table), (block_DV, threads,
-    num_stages) for "loop"."""
+    num_stages, chunk) for "loop"."""
 
     kernel: str
     K: int
@@ -535,7 +543,7 @@ def _plan(*, dtype: str, beta_dtype: str | None, gate_dtype: str | None, gate: s
           K: int, V: int, lengths: tuple[int, ...], tokens: int, varlen: bool, scale: float, initial_state: bool,
           output_final_state: bool, sms: int, g_input: str = "raw", gate_form: str = "log", kernel: str = "auto",
           block_DV: int | None = None, split="auto", outputs: bool = True, pipeline="auto",
-          graph: bool = False) -> Plan:
+          graph: bool = False, chunk: int = CHUNK) -> Plan:
     """make_plan's decisions.
 
     dtype: q/k/v's ("bfloat16" / "float16"); beta_dtype: beta's as the state pass reads it ("float32" or dtype; None
@@ -553,18 +561,26 @@ def _plan(*, dtype: str, beta_dtype: str | None, gate_dtype: str | None, gate: s
     pipeline: "auto" (auto_pipeline, in a graph's capture where the plan has gla_factors and no split), None (never)
     or the token boundaries (0, ..., T) of the ranges over the call's one sequence, interior ones at chunk boundaries.
     graph: the call is being captured into a CUDA graph (its launches cost no host time when it replays).
-    outputs=False: the state alone (ws pass without its output group; o is not written)."""
+    outputs=False: the state alone (ws pass without its output group; o is not written).
+    chunk: CHUNK, or SHORT_CHUNK: KDA's short-chunk path (the cumsum at 16, kkt_solve's Neumann inverse at 16, the
+    loop pass at 16; no split, no token-range pipeline), under the per-channel gate exact while no key channel
+    decays by more than e^-80 within 16 tokens (the bounded gate with lower_bound >= -5); g_input="cumsum" then
+    means the cumsum at 16."""
     if g_input not in ("raw", "cumsum"):
         raise ValueError(f"g_input: expected 'raw' or 'cumsum', got {g_input!r}")
     if gate_form not in GATE_FORMS:
         raise ValueError(f"gate_form: expected one of {GATE_FORMS}, got {gate_form!r}")
     if kernel not in ("auto", "ws", "loop"):
         raise ValueError(f"kernel: expected 'auto', 'ws' or 'loop', got {kernel!r}")
+    if chunk not in (CHUNK, SHORT_CHUNK) or (chunk == SHORT_CHUNK and (kernel == "ws" or (gate, delta) != (
+            "channel", True))):
+        raise ValueError(f"chunk: expected {CHUNK}, or {SHORT_CHUNK} for the per-channel delta rule (KDA) on the loop "
+                         f"pass, got {chunk} (kernel={kernel!r}, gate {gate!r}, delta rule {delta})")
     ws = ws_covers(dtype, K, V, gate, delta)
     if kernel == "ws" and not ws:
         raise ValueError(f"kernel='ws' covers bf16/fp16 with K = V in (64, 128), got K={K}, V={V}, gate {gate!r}, "
                          f"delta rule {delta}, {dtype}")
-    ws = ws and kernel != "loop"
+    ws = ws and kernel != "loop" and chunk == CHUNK
     if isinstance(split, SegmentPlan):
         if not ws:
             raise ValueError(f"split: the sequence split runs on the warp-specialised pass, got kernel={kernel!r}, "
@@ -594,15 +610,16 @@ def _plan(*, dtype: str, beta_dtype: str | None, gate_dtype: str | None, gate: s
     # the delta rule kkt_solve sums a scalar gate itself and writes gc for the state pass
     gate_in = (gate_dtype, gate_form) if g_input == "raw" else None
     factors = (K, dtype, gate_in, delta) if ws and gate == "channel" else None
-    fused = delta and gate == "scalar" and gate_in is not None
-    cumsum = None if gate == "none" or g_input == "cumsum" or factors or fused else (CHUNK, gate_dtype, gate_form)
-    kkt, kkt_steps = kkt_plan(CHUNK, "blocked", dtype, gate, H, HV, lengths, sms, gate_in if fused else None) \
+    fused = delta and gate == "scalar" and gate_in is not None and chunk == CHUNK
+    cumsum = None if gate == "none" or g_input == "cumsum" or factors or fused else (chunk, gate_dtype, gate_form)
+    method = "neumann" if chunk == SHORT_CHUNK else "blocked"
+    kkt, kkt_steps = kkt_plan(chunk, method, dtype, gate, H, HV, lengths, sms, gate_in if fused else None) \
         if delta and not factors else (None, None)
     rule = update_rule(gate, delta)
 
     def state_pass(V_pass, chains, varlen_pass, h0, ht, store_output, block=None, warmup=False):
         if not ws:
-            tiles = loop_tiles(K, gate, delta, dtype)
+            tiles = loop_tiles(K, gate, delta, dtype, chunk)
         else:
             block = block or default_block_DV(K, V_pass, chains.count * HV, sms, store_output, rule, chains)
             tiles = (block, store_output, warmup)
