@@ -15,8 +15,8 @@ them beforehand, on any machine with TileLang and nvcc (no GPU needed: the targe
     warm-up.
 
 Each `Job` records which public ops call its kernel (an attention op uses the 64-token chunk's cumsum and blocked
-kkt_solve), its q/k dtype and K where it has them, so a serving process compiles only what its ops, dtypes and
-head dims need.
+kkt_solve; KDA's short-chunk path the 16-token chunk's and the Neumann one), its q/k dtype and K where it has them,
+so a serving process compiles only what its ops, dtypes and head dims need.
 """
 
 from __future__ import annotations
@@ -57,8 +57,8 @@ def jobs() -> list[Job]:
     op_of = {level: op for op, level in ATTENTION_OPS.items()}
     gated = frozenset(op for op, (gate, _) in ATTENTION_OPS.items() if gate != "none")
     gdn, kda = op_of["scalar", True], op_of["channel", True]  # GDN's kkt_solve sums the gate (no cumsum stage)
-    short = {SHORT_CHUNK: {kda}, TILE: gated - {gdn}}  # the log gate's cumsum by chunk (KDA's short-chunk path: 16)
-    out = [Job("cumsum", c, frozenset({"chunk_local_cumsum"}) | short.get(c[0], set()) if c[2] == "log"
+    log_cumsum_ops = {SHORT_CHUNK: {kda}, TILE: gated - {gdn}}  # by chunk (16: KDA's short-chunk path)
+    out = [Job("cumsum", c, frozenset({"chunk_local_cumsum"}) | log_cumsum_ops.get(c[0], set()) if c[2] == "log"
                else frozenset({kda})) for c in CUMSUM_CONFIGS]
     out += [Job("kkt", c, frozenset({gdn}) if c[5] else frozenset(
         {"kkt_solve"} | ({op_of[c[3], True]} if c[:2] == (TILE, "blocked") and c[3] != "scalar" else set())

@@ -157,7 +157,7 @@ SUBCHUNKS = {C: tuple(range(C // SUB)) for C in (SUB, TILE)}
 
 @T.macro
 def subchunk_scores(q_s, k_s, g_s, Qr_s, Kr_s, P_f, Pa_f, K, exp, C=TILE):
-    """P_f[i, j] <- sum_d q_id k_jd exp(g_id - g_jd) for j <= i of a C-row chunk (C a multiple of SUB) under a
+    """P_f[i, j] <- sum_d q_id k_jd exp(g_id - g_jd) for j <= i of a C-row chunk (C = 16 or 64) under a
     per-key-channel gate (g the chunk-local cumsum, its rows past a sequence end clamped to the last; entries j > i
     are stale: callers select them away). exp(g_i - g_j) cannot be split as exp(g_i) exp(-g_j) over a 64-row chunk
     (exp(-g_j) overflows once a channel has decayed by e^-88), so query rows of 16-row sub-chunk a use the reference
