@@ -46,7 +46,7 @@ out of valid output rows, their Vnew rows are zeroed before the state update, an
 
 import tilelang.language as T
 
-from .common import channel_score_dtype, exp_e, sequence_of, state_pass_contract, subchunk_scores
+from .common import SUB, channel_score_dtype, exp_e, sequence_of, state_pass_contract, subchunk_scores
 
 
 def chunk_fwd_kernel(
@@ -128,7 +128,7 @@ def chunk_fwd_kernel(
             O_f = T.alloc_fragment([C, block_DV], accum)
             P_f = T.alloc_fragment([C, C], accum)
             if gate == "channel":
-                Pa_f = T.alloc_fragment([C, C], accum)
+                Pa_f = T.alloc_fragment([C, C], accum) if C > SUB else None  # the later sub-chunks' scores
 
             bb = T.alloc_var("int32")
             t_start = T.alloc_var("int32")
