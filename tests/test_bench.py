@@ -152,3 +152,35 @@ def test_cases_run_in_the_order_asked_and_unknown_names_fail():
     assert bench.selected(grid, None) == grid
     with pytest.raises(ValueError, match=r"--cases: unknown case names \['1x5_h1-1_mixed'\]"):
         bench.selected(grid, ["1x5_h1-1_mixed"])
+
+
+def test_compare_two_runs_side_by_side(tmp_path, capsys):
+    """`tilela bench --compare BASE HEAD`: per case and implementation timed in both runs, head / base; the other
+    implementations' ratio to the first in each run (the anchor); the first's kernels in both; geometric means."""
+    def rec(case, impl, ms, kernels=None):
+        return {"op": "gdn", "case": case, "impl": impl, "ms": ms, "floor_ms": 0.1, "kernels": kernels}
+
+    base = {"op": "gdn", "records": [rec("1x8192_h2-8_mixed", "tilela", 2.0, {"kkt": 50.0, "pass": 150.0}),
+                                     rec("1x8192_h2-8_mixed", "flash_qla", 2.2),
+                                     rec("1x2048_h2-8_mixed", "tilela", 1.0),
+                                     rec("1x512_h2-8_mixed", "tilela", 0.5)]}
+    head = {"op": "gdn", "records": [rec("1x8192_h2-8_mixed", "tilela", 1.5, {"kkt": 40.0, "warmup": 5.0}),
+                                     rec("1x8192_h2-8_mixed", "flash_qla", 2.4),
+                                     rec("1x2048_h2-8_mixed", "tilela", 1.0)]}
+    paths = [tmp_path / "base.json", tmp_path / "head.json"]
+    for path, data in zip(paths, (base, head)):
+        path.write_text(json.dumps(data))
+    assert bench.main(["--compare", *map(str, paths)]) == 0
+    out = capsys.readouterr().out
+    assert "| 1x8192_h2-8_mixed | tilela | 2.0000 | 1.5000 | 0.750 | - | - |" in out
+    assert "| 1x8192_h2-8_mixed | flash_qla | 2.2000 | 2.4000 | 1.091 | 1.100 | 1.600 |" in out
+    assert "| 1x2048_h2-8_mixed | tilela | 1.0000 | 1.0000 | 1.000 | - | - |" in out
+    assert "1x512" not in out  # timed in one run only
+    for row in ("| 1x8192_h2-8_mixed | kkt | 50.0 | 40.0 |", "| 1x8192_h2-8_mixed | pass | 150.0 | - |",
+                "| 1x8192_h2-8_mixed | warmup | - | 5.0 |"):
+        assert row in out
+    assert "- tilela: head / base geometric mean 0.866 over 2 cases (0.750-1.000)" in out
+    assert "- flash_qla / tilela: geometric mean 1.100 in base, 1.600 in head" in out
+    (tmp_path / "kda.json").write_text(json.dumps({"op": "kda", "records": []}))
+    assert bench.main(["--compare", str(paths[0]), str(tmp_path / "kda.json")]) == 2
+    assert "expected results of one op, got 'gdn' and 'kda'" in capsys.readouterr().err

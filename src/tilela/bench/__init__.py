@@ -356,6 +356,50 @@ def markdown(records: list[dict[str, Any]], eager: bool = False) -> str:
     return "\n".join(lines + ([""] + summary if summary else []))
 
 
+def compare(base: list[dict[str, Any]], head: list[dict[str, Any]], names: tuple[str, str] = ("base", "head")
+            ) -> str:
+    """Two runs of the same cases side by side (one source tree's kernels against another's, each timed in its own
+    process of one call): per case and implementation timed in both, each run's ms and head / base; each other
+    implementation's ratio to the first (as markdown's) in both runs, the anchor that takes the drift between the
+    processes out of a change's effect; the first implementation's kernels (--profile) in both runs. Below, per
+    implementation, the geometric mean of head / base, and per other implementation that of its ratio to the first
+    in each run."""
+    b_name, h_name = names
+    pick = {side: {(r["case"], r["impl"]): r for r in records if r.get("ms") is not None}
+            for side, records in (("base", base), ("head", head))}
+    both = [key for key in pick["head"] if key in pick["base"]]
+    if not both:
+        return f"no case and implementation timed in both {b_name} and {h_name}"
+    first = both[0][1]
+    lines = [f"| case | impl | {b_name} ms | {h_name} ms | {h_name} / {b_name} | / {first}: {b_name} | / {first}: "
+             f"{h_name} |", "|---|---|---|---|---|---|---|"]
+    change: dict[str, list[float]] = {}
+    anchor: dict[str, tuple[list[float], list[float]]] = {}
+    for case, impl in both:
+        b, h = pick["base"][case, impl]["ms"], pick["head"][case, impl]["ms"]
+        change.setdefault(impl, []).append(h / b)
+        cells = ["-", "-"]
+        mine = (pick["base"].get((case, first)), pick["head"].get((case, first)))
+        if impl != first and all(mine):
+            to_first = (b / mine[0]["ms"], h / mine[1]["ms"])
+            for values, ratio in zip(anchor.setdefault(impl, ([], [])), to_first):
+                values.append(ratio)
+            cells = [f"{ratio:.3f}" for ratio in to_first]
+        lines.append(f"| {case} | {impl} | {b:.4f} | {h:.4f} | {h / b:.3f} | " + " | ".join(cells) + " |")
+    kernels = [(case, pick["base"][case, first].get("kernels") or {}, pick["head"][case, first].get("kernels") or {})
+               for case, impl in both if impl == first]
+    if any(b or h for _, b, h in kernels):
+        lines += ["", f"| case | {first} kernel | {b_name} us | {h_name} us |", "|---|---|---|---|"]
+        for case, b, h in kernels:
+            lines += [f"| {case} | {name} | " + " | ".join("-" if side.get(name) is None else f"{side[name]:.1f}"
+                                                           for side in (b, h)) + " |" for name in dict.fromkeys([*b, *h])]
+    summary = [f"- {impl}: {h_name} / {b_name} geometric mean {statistics.geometric_mean(values):.3f} over "
+               f"{len(values)} cases ({min(values):.3f}-{max(values):.3f})" for impl, values in change.items()]
+    summary += [f"- {impl} / {first}: geometric mean {statistics.geometric_mean(b):.3f} in {b_name}, "
+                f"{statistics.geometric_mean(h):.3f} in {h_name}" for impl, (b, h) in anchor.items()]
+    return "\n".join(lines + [""] + summary)
+
+
 class ResultFileError(ValueError):
     """A result file that cannot be read as tilela bench results; the message is one line naming the file."""
 
@@ -439,6 +483,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eager", action="store_true",
                         help="with --report: each implementation's eager ms (one call per input set from the host, "
                              "launch gaps and host overhead included) beside its graph ms")
+    parser.add_argument("--compare", type=Path, nargs=2, default=None, metavar=("BASE", "HEAD"),
+                        help="print two result files of the same cases side by side (e.g. a change's kernels against "
+                             "the base revision's, each run in its own process of one call; benchmarks/device_ab.sh) "
+                             "instead of running")
     parser.add_argument("--plot", action="store_true",
                         help="write PNG charts of the result files (speed-up against FLA and FlashQLA per case, "
                              "latency against sequence length) instead of running; needs matplotlib")
@@ -455,6 +503,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None,
                         help="JSON file (default benchmarks/results/<op>-<time>.json)")
     args = parser.parse_args(argv)
+    if args.compare is not None:
+        return _compare(args.compare, args.op)
     if args.report is not None or args.plot:
         return _report_and_plot(parser, args)
     if args.files:
@@ -477,6 +527,21 @@ def main(argv: list[str] | None = None) -> int:
     save(records)
     print(markdown(records))
     print(f"\nwritten {out}")
+    return 0
+
+
+def _compare(paths: list[Path], op: str | None) -> int:
+    """--compare BASE HEAD: 0, or 2 with one line on stderr for a file that is not a result file or results of
+    different ops."""
+    try:
+        base, head = (load_result(path) for path in paths)
+        if base["op"] != head["op"] or (op is not None and op != base["op"]):
+            raise ResultFileError(f"{paths[0]}, {paths[1]}: expected results of one op{f' ({op!r})' if op else ''}, "
+                                  f"got {base['op']!r} and {head['op']!r}")
+        print(compare(merge([(paths[0].name, base)]), merge([(paths[1].name, head)]), (paths[0].stem, paths[1].stem)))
+    except ResultFileError as exc:
+        print(f"tilela bench: error: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

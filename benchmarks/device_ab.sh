@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# One call on the H200: a change's kernels against a base revision's. The same cases are timed in alternating rounds
+# (base, head, base, head, ...) by two processes on one GPU, this tree's src/ and the base tree's, each timing the
+# anchor implementations too, so that `tilela bench --compare` reads the change's effect both across the runs and
+# against the anchor within each (the drift between processes cancels there). The GPU tests of this tree run while
+# the kernels compile.
+#   here, first: rm -rf .devrun/base && mkdir -p .devrun/base && git archive BASE src | tar x -C .devrun/base
+#   device run, carry [".gpu-bundle", ".devrun"]:
+#   . .gpu-bundle/setup.sh && CASES=name,name OP=gdn bash benchmarks/device_ab.sh
+# Env: CASES (comma-separated case names of OP; required), OP (default gdn), IMPLS (default tilela,flash_qla: the first
+# is the one compared, the others its anchors), ROUNDS (default 2), TESTS (pytest paths or node ids of this tree's
+# GPU tests; none by default), TEST_PROCS (xdist workers, default 8), WARM_TIMEOUT, TEST_TIMEOUT, BENCH_TIMEOUT (s),
+# DEADLINE (epoch seconds, default 540 s from the start: no round starts after it less 60 s). Before the rounds every
+# case runs once per tree in a process of its own (no timing) so that TileLang and FlashQLA compile in parallel.
+# Output: $OUT/<op>_{base,head}_<round>.json (records with --profile's kernels), their --compare tables on stdout,
+# bench and test logs, and the new kernel-cache entries (benchmarks/device_cache.sh).
+set -o pipefail
+. benchmarks/device_cache.sh
+OUT=${OUT:-$PWD/device-out}
+mkdir -p "$OUT"
+t0=$(date +%s)
+DEADLINE=${DEADLINE:-$(( t0 + 540 ))}
+op=${OP:-gdn} impls=${IMPLS:-tilela,flash_qla}
+[ -n "$CASES" ] || { echo "device_ab.sh: CASES (comma-separated case names of $op) is required" >&2; exit 2; }
+[ -d .devrun/base/src/tilela ] || { echo "device_ab.sh: no base tree at .devrun/base/src (see the header)" >&2; exit 2; }
+cache_in
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
+declare -A tree=([base]="/tmp/site:$PWD/.devrun/base/src" [head]="/tmp/site:$PWD/src")
+IFS=, read -ra cases <<< "$CASES"
+warm=()
+for side in base head; do
+  for case in "${cases[@]}"; do
+    PYTHONPATH=${tree[$side]} timeout "${WARM_TIMEOUT:-240}" python -m tilela.cli bench --op "$op" --impls "$impls" \
+      --no-checks --replays 1 --cases "$case" --out "/tmp/warm-$side-$case.json" > "$OUT/warm_${side}_$case.log" 2>&1 &
+    warm+=($!)
+  done
+done
+if [ -n "$TESTS" ]; then
+  # shellcheck disable=SC2086  # TESTS is a list of paths or node ids
+  OMP_NUM_THREADS=1 timeout -s INT -k 20 "${TEST_TIMEOUT:-300}" python -m pytest -v -p no:cacheprovider --tb=short \
+    -rfE -n "${TEST_PROCS:-8}" --dist loadgroup -m gpu $TESTS 2>&1 | grep -v -E "INFO|warner\(" \
+    > "$OUT/pytest_gpu.log" &
+  tests=$!
+fi
+wait "${warm[@]}"
+echo "warm-up: $(( $(date +%s) - t0 )) s"
+grep -h -E "Error|failed" "$OUT"/warm_*.log | sort | uniq -c | head -10
+if [ -n "$TESTS" ]; then
+  wait "$tests"
+  log="$OUT/pytest_gpu.log"
+  echo "gpu tests: $(grep -c ' PASSED' "$log") passed, $(grep -c ' FAILED' "$log") failed," \
+       "$(grep -c ' ERROR' "$log") errors ($(( $(date +%s) - t0 )) s)"
+  grep -E "^(FAILED|ERROR)|^E  " "$log" | head -20
+fi
+for ((round = 1; round <= ${ROUNDS:-2}; round++)); do
+  [ $(( DEADLINE - $(date +%s) )) -lt 60 ] && { echo "round $round not started: the deadline is near"; break; }
+  for side in base head; do
+    left=$(( DEADLINE - $(date +%s) - 20 ))
+    limit=${BENCH_TIMEOUT:-200}; [ "$left" -lt "$limit" ] && limit=$left; [ "$limit" -lt 1 ] && limit=1
+    PYTHONPATH=${tree[$side]} timeout "$limit" python -m tilela.cli bench --op "$op" --impls "$impls" --replays 20 \
+      --profile --no-checks --cases "$CASES" --out "$OUT/${op}_${side}_$round.json" 2>&1 | grep -v INFO \
+      > "$OUT/bench_${side}_$round.log"
+  done
+  echo "== round $round ($(( $(date +%s) - t0 )) s)"
+  python -m tilela.cli bench --compare "$OUT/${op}_base_$round.json" "$OUT/${op}_head_$round.json"
+done
+cache_out
+echo "all: $(( $(date +%s) - t0 )) s"
