@@ -22,7 +22,8 @@ t0=$(date +%s)
 DEADLINE=${DEADLINE:-$(( t0 + 540 ))}
 op=${OP:-gdn} impls=${IMPLS:-tilela,flash_qla}
 [ -n "$CASES" ] || { echo "device_ab.sh: CASES (comma-separated case names of $op) is required" >&2; exit 2; }
-[ -d .devrun/base/src/tilela ] || { echo "device_ab.sh: no base tree at .devrun/base/src (see the header)" >&2; exit 2; }
+[ -d .devrun/base/src/tilela ] || { echo "device_ab.sh: no base tree in .devrun/base/src (see the header)" >&2
+                                     exit 2; }
 cache_in
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
 declare -A tree=([base]="/tmp/site:$PWD/.devrun/base/src" [head]="/tmp/site:$PWD/src")

@@ -379,20 +379,21 @@ def compare(base: list[dict[str, Any]], head: list[dict[str, Any]], names: tuple
         b, h = pick["base"][case, impl]["ms"], pick["head"][case, impl]["ms"]
         change.setdefault(impl, []).append(h / b)
         cells = ["-", "-"]
-        mine = (pick["base"].get((case, first)), pick["head"].get((case, first)))
-        if impl != first and all(mine):
-            to_first = (b / mine[0]["ms"], h / mine[1]["ms"])
+        ours = (pick["base"].get((case, first)), pick["head"].get((case, first)))
+        if impl != first and all(ours):
+            to_first = (b / ours[0]["ms"], h / ours[1]["ms"])
             for values, ratio in zip(anchor.setdefault(impl, ([], [])), to_first):
                 values.append(ratio)
             cells = [f"{ratio:.3f}" for ratio in to_first]
         lines.append(f"| {case} | {impl} | {b:.4f} | {h:.4f} | {h / b:.3f} | " + " | ".join(cells) + " |")
-    kernels = [(case, pick["base"][case, first].get("kernels") or {}, pick["head"][case, first].get("kernels") or {})
+    kernels = [(case, *(pick[side][case, first].get("kernels") or {} for side in ("base", "head")))
                for case, impl in both if impl == first]
-    if any(b or h for _, b, h in kernels):
+    if any(in_base or in_head for _, in_base, in_head in kernels):
         lines += ["", f"| case | {first} kernel | {b_name} us | {h_name} us |", "|---|---|---|---|"]
-        for case, b, h in kernels:
-            lines += [f"| {case} | {name} | " + " | ".join("-" if side.get(name) is None else f"{side[name]:.1f}"
-                                                           for side in (b, h)) + " |" for name in dict.fromkeys([*b, *h])]
+        for case, in_base, in_head in kernels:
+            for name in dict.fromkeys([*in_base, *in_head]):
+                cells = ["-" if run.get(name) is None else f"{run[name]:.1f}" for run in (in_base, in_head)]
+                lines.append(f"| {case} | {name} | " + " | ".join(cells) + " |")
     summary = [f"- {impl}: {h_name} / {b_name} geometric mean {statistics.geometric_mean(values):.3f} over "
                f"{len(values)} cases ({min(values):.3f}-{max(values):.3f})" for impl, values in change.items()]
     summary += [f"- {impl} / {first}: geometric mean {statistics.geometric_mean(b):.3f} in {b_name}, "
