@@ -216,6 +216,12 @@ def kernel_times(fn: Callable[[dict[str, Any]], Any], inputs: dict[str, Any], ca
     return dict(sorted(totals.items(), key=lambda item: -item[1]))
 
 
+def kernel_label(name: str, width: int = 90) -> str:
+    """A profiled kernel's name as the tables print it: its first `width` characters (a templated torch kernel's
+    full signature runs to hundreds)."""
+    return name[:width]
+
+
 def selected(cases: list[Case], only: list[str] | None) -> list[Case]:
     """The cases named in only, in its order (so a device call can put the rows it needs most first), or all."""
     if only is None:
@@ -298,7 +304,7 @@ def run(op: str, quick: bool = False, replays: int = 30, impls: list[str] | None
                     kernels, error = _attempt(kernel_times, lambda x, fn=fn: fn(case, x), first)
                     records[-1].update(kernels=kernels, kernels_error=error)
                     for name, us in (kernels or {}).items():
-                        bar.echo(f"{'':40s} {'':24s} {us:9.1f} us  {name[:90]}")
+                        bar.echo(f"{'':40s} {'':24s} {us:9.1f} us  {kernel_label(name)}")
             del input_sets, first, baseline
             torch.cuda.empty_cache()
             if save is not None:
@@ -393,7 +399,7 @@ def compare(base: list[dict[str, Any]], head: list[dict[str, Any]], names: tuple
         for case, in_base, in_head in kernels:
             for name in dict.fromkeys([*in_base, *in_head]):
                 cells = ["-" if run.get(name) is None else f"{run[name]:.1f}" for run in (in_base, in_head)]
-                lines.append(f"| {case} | {name} | " + " | ".join(cells) + " |")
+                lines.append(f"| {case} | {kernel_label(name)} | " + " | ".join(cells) + " |")
     summary = [f"- {impl}: {h_name} / {b_name} geometric mean {statistics.geometric_mean(values):.3f} over "
                f"{len(values)} cases ({min(values):.3f}-{max(values):.3f})" for impl, values in change.items()]
     summary += [f"- {impl} / {first}: geometric mean {statistics.geometric_mean(b):.3f} in {b_name}, "
