@@ -53,7 +53,7 @@ def layout(kind, gen):
     if kind == "single":
         return 1, 1000, None
     lengths = [1, 63, 64, 65, 1, 130, 7, 200, 1, 33]  # short tails and length-1 sequences
-    lengths += torch.randint(1, 300, (6,), generator=gen).tolist()
+    lengths += torch.randint(1, 300, (30,), generator=gen).tolist()  # 40 sequences: two rounds of locate_tile's search
     cu = torch.tensor([0] + lengths).cumsum(0)
     return 1, int(cu[-1]), cu
 

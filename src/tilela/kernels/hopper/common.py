@@ -12,7 +12,8 @@ formed in registers, one thread per key channel (gla_factors reads the raw gate 
 global memory); gate_tile: a tile of the float32 gc in shared memory.
 
 locate_tile: the varlen schedule without host synchronisation. Tile slot s of a grid of floor(T / 64) + N slots
-belongs to the last sequence n with floor(cu[n] / 64) + n <= s and starts at cu[n] + 64 (s - floor(cu[n] / 64) - n).
+belongs to the last sequence n with floor(cu[n] / 64) + n <= s and starts at cu[n] + 64 (s - floor(cu[n] / 64) - n);
+a warp finds n by a 32-way search, one round of loads for up to 32 sequences (search_rounds).
 The map n -> floor(cu[n] / 64) + n is strictly increasing and leaves room for ceil(len_n / 64) tiles between
 consecutive sequences (floor(a / 64) + ceil(l / 64) <= floor((a + l) / 64) + 1), so every tile of every sequence
 has exactly one slot; the surplus slots find start >= end and exit. The dense [B, T] layout (flattened to one row of
@@ -29,6 +30,7 @@ from .plan import CHUNK
 
 TILE = CHUNK  # tokens per CTA tile (and the chunk of the state/output passes)
 LOG2E = 1.4426950408889634
+SEARCH_WAYS = 32  # candidates locate_tile probes per round: one a lane of a warp
 
 
 def exp_e(x):
@@ -256,23 +258,44 @@ def target():
     return tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
 
 
+def search_rounds(N: int) -> int:
+    """Rounds of locate_tile's search over N sequences: the least r >= 1 with SEARCH_WAYS^r >= N."""
+    rounds = 1
+    while SEARCH_WAYS ** rounds < N:
+        rounds += 1
+    return rounds
+
+
 @T.macro
 def locate_tile(slot, cu_seqlens, num_bounds, dense_len, search_steps, bounds):
-    """bounds (T.alloc_local((2,), "int32")) <- [start, end): the tile's first token and its sequence's end."""
+    """bounds (T.alloc_local((2,), "int32")) <- [start, end): the tile's first token and its sequence's end. Every
+    thread of the CTA calls it (each warp searches on its own, in step)."""
     if dense_len > 0:
         tiles = T.ceildiv(dense_len, TILE)
         bounds[0] = (slot // tiles) * dense_len + (slot % tiles) * TILE
         bounds[1] = (slot // tiles + 1) * dense_len
     else:
+        # search_steps (search_rounds(N)) rounds over the candidates [lo, lo + width): lane l probes lo + l stride,
+        # the probes that pass (f(n) = floor(cu[n] / 64) + n <= slot; f increasing, lane 0's always passes) are the
+        # first `hits`, and the range narrows to the last passing probe's stride; the last round's stride is 1, so
+        # its lane hits - 1 read cu[n] and cu[n + 1] of the tile's sequence n
+        lane = T.get_thread_binding() % SEARCH_WAYS
         lo = T.alloc_var("int32")
-        hi = T.alloc_var("int32")
+        width = T.alloc_var("int32")
+        hits = T.alloc_var("int32")
+        c0 = T.alloc_var("int32")
+        c1 = T.alloc_var("int32")
         lo = 0
-        hi = num_bounds - 1
-        for _ in T.serial(search_steps):  # bit_length(N) halvings of [0, N)
-            mid = (lo + hi) // 2
-            if cu_seqlens[mid] // TILE + mid <= slot:
-                lo = mid
-            else:
-                hi = mid
-        bounds[0] = cu_seqlens[lo] + (slot - cu_seqlens[lo] // TILE - lo) * TILE
-        bounds[1] = cu_seqlens[lo + 1]
+        width = num_bounds - 1
+        hits = 1
+        for _ in T.serial(search_steps):
+            stride = T.ceildiv(width, SEARCH_WAYS)
+            m = lo + T.min(lane * stride, width - 1)
+            c0 = cu_seqlens[m]
+            c1 = cu_seqlens[m + 1]
+            hits = T.cast(T.popcount(T.ballot(lane * stride < width and c0 // TILE + m <= slot)), "int32")
+            width = T.min(stride, width - (hits - 1) * stride)
+            lo = lo + (hits - 1) * stride
+        first = T.shfl_sync(c0, hits - 1)
+        bounds[0] = first + (slot - first // TILE - lo) * TILE
+        bounds[1] = T.shfl_sync(c1, hits - 1)

@@ -239,6 +239,20 @@ def kkt_solve_kernel(chunk: int, method: str, dtype: str, gate: str, pair: int, 
             g_s[p, i] = g_s[p, i] * LOG2E
 
     @T.macro
+    def fetch(beta, g, A_log, dt_bias, G, grp, start, rows, hk, tx, raw):
+        """raw <- beta, the scalar gate (g, or the raw gate as float32) and its A_log and dt_bias of row tx % TILE of
+        value head tx // TILE of group grp (0 past the sequence end, the q/k head's value heads or its groups), as
+        loads left in flight: nothing reads raw before the group's step stores it to shared memory."""
+        hv = hk * G + grp * P + tx // TILE
+        live = tx < P * TILE and tx % TILE < rows and grp * P + tx // TILE < G and grp < T.ceildiv(G, P)
+        raw[0] = T.if_then_else(live, beta[0, start + tx % TILE, hv], 0.0)
+        if scalar:
+            raw[1] = T.if_then_else(live, T.cast(g[0, start + tx % TILE, hv], ACC), 0.0)
+        if gate_in is not None:
+            raw[2] = A_log[T.min(hv, num_a - 1)]
+            raw[3] = dt_bias[T.min(hv, num_b - 1)]
+
+    @T.macro
     def scaled(KKs, beta_s, g_s, rows, p, bi, bj, r, c):
         """L_ij = beta_i (K K^T)_ij exp(g_i - g_j) of head p, i = 16 bi + r > j = 16 bj + c in one chunk; 0 for
         rows past the sequence end (selected, not multiplied: their exponent is unbounded)."""
@@ -311,6 +325,9 @@ def kkt_solve_kernel(chunk: int, method: str, dtype: str, gate: str, pair: int, 
                     Qr = T.alloc_shared((TILE, KSTEP), score_dtype)  # k_i exp(g_i - R_a(i))
                     Kr = T.alloc_shared((TILE, KSTEP), score_dtype)  # k_j exp(R_a - g_j), j in a's chunk, j < a's end
 
+                raw = T.alloc_local((4,), ACC)  # fetch's beta, gate, A_log and dt_bias of one row
+                fetch(beta, g, A_log, dt_bias, G, bz * group_steps, start, rows, hk, tx, raw)  # in flight during K K^T
+
                 # K K^T of the tile for the CTA's value heads (all of q/k head hk); its lower blocks go to shared
                 if not channel:
                     T.clear(KK)
@@ -325,16 +342,15 @@ def kkt_solve_kernel(chunk: int, method: str, dtype: str, gate: str, pair: int, 
                     grp = bz * group_steps + step
                     if grp < groups:
                         hv0 = hk * G + grp * P
-                        for p, i in T.Parallel(P, TILE):
-                            live = (i < rows) and (grp * P + p < G)
-                            beta_s[p, i] = T.if_then_else(live, beta[0, start + i, hv0 + p], 0.0)
+                        if tx < P * TILE:  # from the registers fetch filled; then the next group's fetch is in flight
+                            beta_s[tx // TILE, tx % TILE] = raw[0]
                             if scalar and gate_in is None:
-                                g_s[p, i] = T.if_then_else(live, g[0, start + i, hv0 + p] * LOG2E, 0.0)
-                            elif scalar:  # the formed, floored gate; summed below
-                                g_s[p, i] = T.if_then_else(live, floored_log_gate(
-                                    T.cast(g[0, start + i, hv0 + p], ACC),
-                                    exp_e(A_log[T.min(hv0 + p, num_a - 1)]), dt_bias[T.min(hv0 + p, num_b - 1)], form),
-                                    0.0)
+                                g_s[tx // TILE, tx % TILE] = raw[1] * LOG2E
+                            elif scalar:  # the formed, floored gate (0 past the live rows); summed below
+                                g_s[tx // TILE, tx % TILE] = T.if_then_else(
+                                    tx % TILE < rows and grp * P + tx // TILE < G,
+                                    floored_log_gate(raw[1], exp_e(raw[2]), raw[3], form), 0.0)
+                        fetch(beta, g, A_log, dt_bias, G, grp + 1, start, rows, hk, tx, raw)
                         if gate_in is not None:
                             chunk_cumsum(g_s, gc, start, rows, hv0, G - grp * P, gate_scale, tx)
                         if channel:  # the value head's own scores; k_s is the previous group's output staging

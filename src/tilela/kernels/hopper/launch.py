@@ -37,7 +37,7 @@ import torch
 from . import DTYPE_NAMES, seq_pipeline, seq_split
 from .chunk_fwd import chunk_fwd_kernel
 from .chunk_fwd_ws import chunk_fwd_ws_kernel
-from .common import TILE, pass_configs, target
+from .common import TILE, pass_configs, search_rounds, target
 from .cumsum import chunk_local_cumsum_kernel
 from .gla_factors import gla_factors_kernel
 from .host_tables import device_table
@@ -89,7 +89,7 @@ def gate_args(device: torch.device, params: tuple | None, scale: float | None) -
 class Schedule(NamedTuple):
     """A call's token layout for the kernels, computed once: cu_seqlens as int32 (a placeholder when dense), the
     tile-parallel kernels' grid (num_slots tile slots; dense_len = T for the dense layout, else 0; search_steps
-    halvings of the varlen binary search: common.locate_tile) and the sequence count N."""
+    rounds of the varlen search: common.locate_tile) and the sequence count N."""
 
     cu: torch.Tensor
     num_slots: int
@@ -103,7 +103,7 @@ class Schedule(NamedTuple):
         if cu_seqlens is None:
             return cls(placeholder(x.device, torch.int32), B * -(-Tn // TILE), Tn, 0, B)
         N = cu_seqlens.numel() - 1
-        return cls(cu_seqlens.to(torch.int32).contiguous(), Tn // TILE + N, 0, N.bit_length(), N)
+        return cls(cu_seqlens.to(torch.int32).contiguous(), Tn // TILE + N, 0, search_rounds(N), N)
 
     @property
     def grid(self) -> tuple[int, int, int]:
