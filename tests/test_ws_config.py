@@ -61,3 +61,20 @@ def test_chain_groups_hand_over_to_the_output_group_only(K, gate, block_DV, chai
     else:
         assert cfg.S_ring.writers == 128 and cfg.Vn_ring.writers == 128
     assert cfg.inputs.readers == 3 * chunk_fwd_ws.GROUP
+
+
+@pytest.mark.parametrize("K,gate,block_DV,transposed", [
+    (128, "scalar", 128, True),  # GDN at full width: halves of 64 columns, a warp group's 64 product rows
+    (128, "none", 128, True),  # delta_rule
+    (64, "scalar", 64, False),  # halves of 32 columns: below a warp group's rows, the chain stays untransposed
+    (128, "scalar", 64, False),  # no chain groups
+])
+def test_transposed_chain_groups_hand_over_S_and_Vnew_transposed(K, gate, block_DV, transposed):
+    """The chain groups run transposed where each half of the DV block is 64 columns; S_s and Vnew_s then hold S^T
+    and Vnew^T (rows by DV column), else S and Vnew."""
+    cfg = chunk_fwd_ws.WsConfig.derive(K, K, gate, True, block_DV, True)
+    assert cfg.transposed == transposed
+    shapes = {buffer.name: buffer.shape for buffer in cfg.shared}
+    C = chunk_fwd_ws.CHUNK
+    assert shapes["S_s"] == ((2, block_DV, K) if transposed else (2, K, block_DV))
+    assert shapes["Vn_s"][1:] == ((block_DV, C) if transposed else (C, block_DV))

@@ -37,7 +37,9 @@ producer, state and value the mainloop, output the epilogue):
     chain   (threads 0-255)    the delta rule with output at DV block K under a scalar gate or none (chain_halves;
                                GDN's and delta_rule's passes at full width, the split's outputs pass included):
                                in place of state and value, two groups each running the state's and the value's
-                               work for half of the block's columns (each chain is independent of the other half)
+                               work for half of the block's columns (each chain is independent of the other half);
+                               at K = 128 transposed (S^T, R^T, Vnew^T in registers: each product's left operand
+                               from registers, K and A from shared memory; WsConfig.transposed)
     load    (threads 384-511)  TMA warp: q (for the output), k, v, A (delta rule), P and Kg (per-channel gate);
                                gate warp: gc, beta (or the chunk's D)
                                loaded GATE_AHEAD chunks ahead into registers, written with exp(gc), exp(gc_last - gc)
@@ -53,11 +55,12 @@ chunk c waits parity (c // n + 1) % 2, which a fresh barrier passes: the first n
     S_ready / S_read     state -> value, output          S_s                        2
                          (both chain groups -> output)
     Vd_ready / Vd_read   value or Vd writers -> state    Vd_s                       1 delta rule, 2 plain update
-                         (none with chain groups: each writes Vd over its R and reads it back)
+                         (none with chain groups: each writes Vd over its R and reads it back, or holds Vd^T)
     Vn_ready / Vn_read   value -> output (and state)     Vnew_s (delta rule)        2 to block_DV = 64, 1 above,
                          (both chain groups -> output)                              2 with chain groups
 The recurrence's critical path is S_s -> K S -> A R -> K^T Vd -> S_s (S_s -> Kg S -> Ab (-Kg S) -> K^T Vnew -> S_s
-under the per-channel gate). P = Q K^T, Q S, P Vnew and the store run
+under the per-channel gate; S^T -> S^T K^T -> R^T A^T -> Vd^T K -> S^T in registers in the transposed chain groups,
+with S_s and Vnew_s written beside it, holding S^T and Vnew^T). P = Q K^T, Q S, P Vnew and the store run
 beside it in the output group, a chunk behind at most (two S_s slots: the state never waits for Q S of the chunk it
 just left), and the next chunk's loads beside both.
 
@@ -89,6 +92,7 @@ import math
 from dataclasses import dataclass
 from types import SimpleNamespace
 
+import tilelang
 import tilelang.language as T
 from tvm.script.ir_builder import IRBuilder
 
@@ -105,7 +109,8 @@ STATE_REGS = 160
 VALUE_REGS = 152
 OUTPUT_REGS = 144
 LOAD_REGS = 56
-# with two chain groups (WsConfig.chain_halves), 160 + 160 + 136 + 56: each holds half of S and its R and Vnew
+# with two chain groups (WsConfig.chain_halves), 160 + 160 + 136 + 56: each holds half of S and its R and Vnew (and
+# transposed their 16-bit copies, the register operands)
 CHAIN_REGS = 160
 CHAIN_OUTPUT_REGS = 136
 SHARED_BYTES = 226 * 1024  # of the 227 KiB a CTA may take, 1 KiB left for barriers and alignment
@@ -189,6 +194,10 @@ class WsConfig:
     two chain groups, each running the whole recurrence (S, K S, A R, K^T Vd) for half of the DV block's columns, so
     the SM interleaves two independent chains of half the width; each writes Vd over its R in v_s (no Vd_s), and
     the output group waits for both halves of S_s and Vnew_s."""
+    transposed: bool
+    """chain_halves at halves of 64 columns (K = 128; a warp group's product has 64 rows): the chain groups run the
+    recurrence transposed (S^T, R^T, Vnew^T, Vd^T in registers), so that each of its products takes its left
+    operand from registers and only K and A from shared memory; S_s and Vnew_s hold S^T and Vnew^T."""
     vnew_is_vd: bool
     """The per-channel delta rule: Vd = Vnew (the decay is in Kd, and Vnew's rows past the sequence end are zero:
     so are Ab's and Kg's there), so the state group adds K^T Vnew from Vnew_s, which the output group reads too;
@@ -236,6 +245,7 @@ class WsConfig:
         vd_writers = two_output_groups and not kv_from_inputs
         vnew_is_vd = channel and delta
         chain_halves = delta and not channel and store_output and block_DV == K
+        transposed = chain_halves and block_DV // 2 == 64
         value_writes_vd = not two_output_groups and not kv_from_inputs and not chain_halves
         writers = 2 * GROUP if chain_halves else GROUP  # of S_s and Vnew_s
         # warp groups reading S_s: the output group, and the value group unless it is a chain group
@@ -261,8 +271,8 @@ class WsConfig:
             (Shared("d_s", (K,), fp32=True), channel),  # D = exp(gc_last) per key channel
         ) if used]
         fixed = [buffer for buffer, used in (
-            (Shared("Vn_s", (Vn_slots, C, block_DV)), Vn_ring is not None),
-            (Shared("S_s", (2, K, block_DV)), S_ring is not None),
+            (Shared("Vn_s", (Vn_slots, *((block_DV, C) if transposed else (C, block_DV)))), Vn_ring is not None),
+            (Shared("S_s", (2, *((block_DV, K) if transposed else (K, block_DV)))), S_ring is not None),
             (Shared("Vd_s", (Vd_slots, C, block_DV)), Vd_ring is not None),
             (Shared("P_s", (2, C, C) if two_output_groups else (C, C)), store_output and not channel),
         ) if used]
@@ -275,7 +285,8 @@ class WsConfig:
         return cls(
             K=K, V=V, gate=gate, delta=delta, block_DV=block_DV, store_output=store_output, NV=V // block_DV,
             scalar=scalar, channel=channel, two_output_groups=two_output_groups, kv_from_inputs=kv_from_inputs,
-            vd_writers=vd_writers, value_writes_vd=value_writes_vd, chain_halves=chain_halves, vnew_is_vd=vnew_is_vd,
+            vd_writers=vd_writers, value_writes_vd=value_writes_vd, chain_halves=chain_halves, transposed=transposed,
+            vnew_is_vd=vnew_is_vd,
             inputs=Ring("loaded", "consumed", stages, 64,  # readers: state and value, or the chain groups; output
                         GROUP * ((2 if chain_halves else 1 + int(value_writes_vd)) + int(store_output))
                         + 64 * int(vd_writers)),
@@ -346,10 +357,13 @@ def chunk_fwd_ws_kernel(
     @T.macro
     def publish(smem, ring, c, frag, buffer, j0, cols):
         """Hand chunk c's fragment to the ring's readers: wait until its slot of buffer is free, copy it to the
-        slot's columns j0 ... j0 + cols, mark it ready."""
+        slot's columns j0 ... j0 + cols (its rows under cfg.transposed: S^T, Vnew^T), mark it ready."""
         n = ring.slot(c)
         T.barrier_wait(getattr(smem, ring.free)[n], ring.free_parity(c))
-        T.copy(frag, buffer[n, :, j0 : j0 + cols])
+        if cfg.transposed:
+            T.copy(frag, buffer[n, j0 : j0 + cols, :])
+        else:
+            T.copy(frag, buffer[n, :, j0 : j0 + cols])
         T.fence_proxy_async()
         T.barrier_arrive(getattr(smem, ring.ready)[n])
 
@@ -364,10 +378,10 @@ def chunk_fwd_ws_kernel(
                 R_f[i, j] = smem.beta_s[slot, i] * (smem.v_s[slot, i, j0 + j] - R_f[i, j])
 
     @T.macro
-    def scalar_decay(smem, slot, decay, S_f, cols):
-        """S_f <- exp(gc_last) S_f under a scalar gate (decay: a one-element local buffer)."""
+    def scalar_decay(smem, slot, decay, S_f):
+        """S_f <- exp(gc_last) S_f under a scalar gate (decay: a one-element local buffer; S_f: S or S^T)."""
         decay[0] = smem.eg_s[slot, C - 1]
-        for i, j in T.Parallel(K, cols):
+        for i, j in T.Parallel(*S_f.shape):
             S_f[i, j] = S_f[i, j] * decay[0]
 
     @T.macro
@@ -380,16 +394,25 @@ def chunk_fwd_ws_kernel(
         T.barrier_arrive(smem.Vd_ready[Vd_ring.slot(c)])
 
     @T.macro
+    def load_state(S_f, h0, n, bh, v0, cols):
+        """S_f <- columns v0 ... v0 + cols of state n of h0 (S^T under cfg.transposed)."""
+        if cfg.transposed:
+            for j, i in T.Parallel(cols, K):
+                S_f[j, i] = h0[n, bh, i, v0 + j]
+        else:
+            T.copy(h0[n, bh, 0:K, v0 : v0 + cols], S_f)
+
+    @T.macro
     def initial_state(cta, S_f, h0, v0, cols):
-        """S_f <- the entering state of columns v0 ... v0 + cols: the warm-up's h0 row (zero where none), h0, the
-        transitions' [0 | I] or zero."""
+        """S_f <- the entering state of columns v0 ... v0 + cols (S^T under cfg.transposed): the warm-up's h0 row
+        (zero where none), h0, the transitions' [0 | I] or zero."""
         if warmup and store_output:
             if cta.h0_row >= 0:
-                T.copy(h0[cta.h0_row, cta.bh, 0:K, v0 : v0 + cols], S_f)
+                load_state(S_f, h0, cta.h0_row, cta.bh, v0, cols)
             else:
                 T.clear(S_f)
         elif use_initial_state:
-            T.copy(h0[cta.bn, cta.bh, 0:K, v0 : v0 + cols], S_f)
+            load_state(S_f, h0, cta.bn, cta.bh, v0, cols)
         elif extended:  # [0 | I]: column K + i of row i
             for i, j in T.Parallel(K, cols):
                 S_f[i, j] = T.if_then_else(v0 + j == K + i, 1.0, 0.0)
@@ -407,7 +430,7 @@ def chunk_fwd_ws_kernel(
             if S_ring is not None:
                 publish(smem, S_ring, c, S_f, smem.S_s, 0, block_DV)
             if scalar:
-                scalar_decay(smem, slot, decay, S_f, block_DV)
+                scalar_decay(smem, slot, decay, S_f)
             if channel:
                 for i, j in T.Parallel(K, block_DV):
                     S_f[i, j] = S_f[i, j] * smem.d_s[slot, i]
@@ -457,32 +480,62 @@ def chunk_fwd_ws_kernel(
             T.barrier_arrive(smem.consumed[slot])
 
     @T.macro
-    def chain_group(smem, cta, j0, S_f, R_f, Vn_f, h0, ht):
+    def chain_group(smem, cta, j0, S_f, R_f, Vn_f, S16, R16, Vd16, h0, ht):
         """The whole recurrence for columns j0 ... j0 + block_DV / 2 of the DV block (cfg.chain_halves): per chunk,
-        S's 16-bit copy to its half of S_s, K S -> R = beta (V - exp(gc) K S) (over V's half in v_s) -> Vnew = A R
-        -> Vd = exp(gc_last - gc) Vnew (over R), S <- exp(gc_last) S + K^T Vd; Vnew to its half of Vnew_s."""
+        S's 16-bit copy to its part of S_s, K S -> R = beta (V - exp(gc) K S) -> Vnew = A R -> Vd = exp(gc_last - gc)
+        Vnew, S <- exp(gc_last) S + K^T Vd; Vnew to its part of Vnew_s.
+        Transposed (cfg.transposed; S_f, R_f, Vn_f hold S^T, (K S)^T, Vnew^T and S16, R16, Vd16 the 16-bit S^T,
+        R^T, Vd^T): (K S)^T = S^T K^T, Vnew^T = R^T A^T, S^T <- exp(gc_last) S^T + Vd^T K, each product's left
+        operand from registers; S^T and Vnew^T go to its rows of S_s and Vnew_s. Otherwise (S16, R16, Vd16 None)
+        K S reads its columns of S_s, and R and then Vd pass through V's half of v_s (over V)."""
         cols = block_DV // 2
         decay = T.alloc_local([1], accum)
         initial_state(cta, S_f, h0, cta.v0 + j0, cols)
         for c in T.serial(cta.n_chunks):
             slot, s = inputs.slot(c), S_ring.slot(c)
             T.barrier_wait(smem.loaded[slot], inputs.ready_parity(c))
-            publish(smem, S_ring, c, S_f, smem.S_s, j0, cols)
-            T.gemm(smem.k_s[slot, :, :], smem.S_s[s, :, j0 : j0 + cols], R_f, clear_accum=True)
-            residual(smem, slot, R_f, j0, cols)
-            T.copy(R_f, smem.v_s[slot, :, j0 : j0 + cols])
-            T.fence_proxy_async()
-            T.gemm(smem.A_s[slot, :, :], smem.v_s[slot, :, j0 : j0 + cols], Vn_f, clear_accum=True)
-            for i, j in T.Parallel(C, cols):
-                smem.v_s[slot, i, j0 + j] = smem.ed_s[slot, i] * Vn_f[i, j]
-            T.fence_proxy_async()
-            if scalar:
-                scalar_decay(smem, slot, decay, S_f, cols)
-            T.gemm(smem.k_s[slot, :, :], smem.v_s[slot, :, j0 : j0 + cols], S_f, transpose_A=True)
-            publish(smem, Vn_ring, c, Vn_f, smem.Vn_s, j0, cols)
+            if cfg.transposed:  # Vnew's hand-over and the decay while a product runs
+                T.copy(S_f, S16)
+                # before (K S)^T: a register operand is not to be read while its product runs (PTX), and nvcc
+                # would store S16's registers for S_f's identical copy
+                publish(smem, S_ring, c, S16, smem.S_s, j0, cols)
+                T.gemm(S16, smem.k_s[slot, :, :], R_f, transpose_B=True, clear_accum=True)
+                for j, i in T.Parallel(cols, C):
+                    if scalar:
+                        R16[j, i] = T.cast(
+                            smem.beta_s[slot, i] * (smem.v_s[slot, i, j0 + j] - smem.eg_s[slot, i] * R_f[j, i]), dtype)
+                    else:
+                        R16[j, i] = T.cast(smem.beta_s[slot, i] * (smem.v_s[slot, i, j0 + j] - R_f[j, i]), dtype)
+                T.wgmma_gemm(R16, smem.A_s[slot, :, :], Vn_f, transpose_B=True, clear_accum=True)
+                if scalar:
+                    scalar_decay(smem, slot, decay, S_f)
+                T.wait_wgmma(0)
+                for j, i in T.Parallel(cols, C):
+                    Vd16[j, i] = T.cast(smem.ed_s[slot, i] * Vn_f[j, i], dtype)
+                T.wgmma_gemm(Vd16, smem.k_s[slot, :, :], S_f)
+                publish(smem, Vn_ring, c, Vn_f, smem.Vn_s, j0, cols)
+                T.wait_wgmma(0)
+            else:
+                publish(smem, S_ring, c, S_f, smem.S_s, j0, cols)
+                T.gemm(smem.k_s[slot, :, :], smem.S_s[s, :, j0 : j0 + cols], R_f, clear_accum=True)
+                residual(smem, slot, R_f, j0, cols)
+                T.copy(R_f, smem.v_s[slot, :, j0 : j0 + cols])
+                T.fence_proxy_async()
+                T.gemm(smem.A_s[slot, :, :], smem.v_s[slot, :, j0 : j0 + cols], Vn_f, clear_accum=True)
+                for i, j in T.Parallel(C, cols):
+                    smem.v_s[slot, i, j0 + j] = smem.ed_s[slot, i] * Vn_f[i, j]
+                T.fence_proxy_async()
+                if scalar:
+                    scalar_decay(smem, slot, decay, S_f)
+                T.gemm(smem.k_s[slot, :, :], smem.v_s[slot, :, j0 : j0 + cols], S_f, transpose_A=True)
+                publish(smem, Vn_ring, c, Vn_f, smem.Vn_s, j0, cols)
             T.barrier_arrive(smem.consumed[slot])
         if store_final_state:
-            T.copy(S_f, ht[cta.bn, cta.bh, 0:K, cta.v0 + j0 : cta.v0 + j0 + cols])
+            if cfg.transposed:
+                for j, i in T.Parallel(cols, K):
+                    ht[cta.bn, cta.bh, i, cta.v0 + j0 + j] = S_f[j, i]
+            else:
+                T.copy(S_f, ht[cta.bn, cta.bh, 0:K, cta.v0 + j0 : cta.v0 + j0 + cols])
 
     @T.macro
     def output_chunk(c, P_s, P_f, O_f, smem, o, bb, bh, v0, t_start, t_out, t_end):
@@ -504,7 +557,7 @@ def chunk_fwd_ws_kernel(
             T.copy(P_f, P_s)
             T.fence_proxy_async()
         T.barrier_wait(smem.S_ready[s], S_ring.ready_parity(c))
-        T.gemm(smem.q_s[slot, :, :], smem.S_s[s, :, :], O_f, clear_accum=True)
+        T.gemm(smem.q_s[slot, :, :], smem.S_s[s, :, :], O_f, transpose_B=cfg.transposed, clear_accum=True)
         T.barrier_arrive(smem.S_read[s])
         for i, j in T.Parallel(C, block_DV):
             if scalar:
@@ -514,7 +567,7 @@ def chunk_fwd_ws_kernel(
         if delta:
             n = Vn_ring.slot(c)
             T.barrier_wait(smem.Vn_ready[n], Vn_ring.ready_parity(c))
-            T.gemm(smem.Pg_s[slot, :, :] if channel else P_s, smem.Vn_s[n, :, :], O_f)
+            T.gemm(smem.Pg_s[slot, :, :] if channel else P_s, smem.Vn_s[n, :, :], O_f, transpose_B=cfg.transposed)
             T.barrier_arrive(smem.Vn_read[n])
         else:
             T.gemm(smem.Pg_s[slot, :, :] if channel else P_s, smem.v_s[slot, :, :], O_f)
@@ -665,10 +718,16 @@ def chunk_fwd_ws_kernel(
             hq = bh // (HV // H)
             v0 = bv * block_DV
             smem = allocate_shared(cfg, dtype)
+            if cfg.transposed:  # V is read only element by element there (the chain's R^T): swizzled as a product's
+                # operand would be, so that the fragment's four rows a load spans fall in distinct banks
+                T.annotate_layout({smem.v_s: tilelang.layout.make_swizzled_layout(smem.v_s)})
 
             S_f = KS_f = Vn_f = P_f = O2_f = P2_f = halves = None
-            if cfg.chain_halves:  # each chain group's S, R and Vnew: (S_f, R_f, Vn_f) of its half of the columns
-                halves = [tuple(T.alloc_fragment([rows, block_DV // 2], accum) for rows in (K, C, C))
+            if cfg.transposed:  # each chain group's S^T, (K S)^T, Vnew^T in fp32 and its operands S^T, R^T, Vd^T
+                halves = [tuple(T.alloc_fragment([block_DV // 2, cols], kind) for kind, cols in (
+                    (accum, K), (accum, C), (accum, C), (dtype, K), (dtype, C), (dtype, C))) for _ in range(2)]
+            elif cfg.chain_halves:  # each chain group's S, R and Vnew of its half of the columns
+                halves = [tuple(T.alloc_fragment([rows, block_DV // 2], accum) for rows in (K, C, C)) + (None,) * 3
                           for _ in range(2)]
             else:
                 S_f = T.alloc_fragment([K, block_DV], accum)
