@@ -78,3 +78,11 @@ def test_transposed_chain_groups_hand_over_S_and_Vnew_transposed(K, gate, block_
     C = chunk_fwd_ws.CHUNK
     assert shapes["S_s"] == ((2, block_DV, K) if transposed else (2, K, block_DV))
     assert shapes["Vn_s"][1:] == ((block_DV, C) if transposed else (C, block_DV))
+
+
+def test_the_warm_up_serves_the_scalar_gate_only():
+    """The pass reads a per-channel gate's decays by the tile slots of the sequence's own chunks; a warm-up (which
+    starts chunks before a segment) is the scalar gate's (the split of GDN), so the builder refuses the pair."""
+    with pytest.raises(ValueError, match="warm-up serves the scalar gate"):
+        chunk_fwd_ws.chunk_fwd_ws_kernel(128, 128, 128**-0.5, "channel", True, is_varlen=True, block_DV=64,
+                                         warmup=True)

@@ -74,6 +74,15 @@ columns past the sequence end are zero too (gla_factors.py). The
 q, Qg and P rows past the end stay: they reach only output rows, which are not stored. beta = 0 and exp(gc_last - gc)
 = 0 there too, and gc is clamped to the last valid row.
 
+Bounds: every global access is in bounds by construction for the inputs the launcher passes, so the pass compiles
+without TileLang's per-access bounds tests (launch.GUARDED): TMA zero-fills a tile's rows past a tensor's end; the
+gate warp's rows are clamped into the sequence and its chunks to the last (a CTA of an empty sequence runs none); the
+warm-up starts within the sequence (warmup.py: w <= the segment's first chunk) from the row of h0 its table names
+(the transitions' states); o's rows are tested against the sequence end (and the segment start under the warm-up),
+a chunk inside both stored without a test per row; cu_seqlens (non-decreasing up to the token count: checked at
+the public boundary), the launch order (a permutation of the sequences), the warm-up table, h0 and ht are read at
+the CTA's own sequence and head.
+
 Glossary:
     plain update   Vnew = V, no delta rule (linear_attn, simple_gla, gla)
     Vd             exp(gc_last - gc) ⊙ Vnew, rows past the sequence end zeroed: the state adds K^T Vd
@@ -340,6 +349,8 @@ def chunk_fwd_ws_kernel(
     comes from the warm-up)."""
     if warmup and not is_varlen:
         raise ValueError("warmup: the warm-up table indexes the split's segments, a varlen layout; got is_varlen=False")
+    if warmup and gate == "channel":  # D's tile slots are the segments'; a warm-up would read them shifted
+        raise ValueError("warmup: the warm-up serves the scalar gate's split (warmup.py), got gate 'channel'")
     extended = extended_value(K, V)  # the split's transitions: [v | 0] from [0 | I]
     if extended and (store_output or use_initial_state or not delta):
         raise ValueError(f"V: 2K is the delta rule's transitions (the state alone from [0 | I] formed here), got "
@@ -571,13 +582,23 @@ def chunk_fwd_ws_kernel(
             T.barrier_arrive(smem.Vn_read[n])
         else:
             T.gemm(smem.Pg_s[slot, :, :] if channel else P_s, smem.v_s[slot, :, :], O_f)
-        for i, j in T.Parallel(C, block_DV):
-            if warmup:
-                if t0 + i < t_end and t0 + i >= t_out:
-                    o[bb, t0 + i, bh, v0 + j] = O_f[i, j]
-            elif t0 + i < t_end:
+        T.barrier_arrive(smem.consumed[slot])  # the stores below read registers only
+        # a chunk whose rows are all stored (none past the sequence end; under the warm-up, the segment's: a chunk
+        # lies before t_out or from it on) stores them without a test per row
+        if warmup:
+            whole = T.And(t0 + C <= t_end, t0 >= t_out)
+        else:
+            whole = t0 + C <= t_end
+        if whole:
+            for i, j in T.Parallel(C, block_DV):
                 o[bb, t0 + i, bh, v0 + j] = O_f[i, j]
-        T.barrier_arrive(smem.consumed[slot])
+        else:
+            for i, j in T.Parallel(C, block_DV):
+                if warmup:
+                    if t0 + i < t_end and t0 + i >= t_out:
+                        o[bb, t0 + i, bh, v0 + j] = O_f[i, j]
+                elif t0 + i < t_end:
+                    o[bb, t0 + i, bh, v0 + j] = O_f[i, j]
 
     @T.macro
     def output_group(first, P_f, O_f, smem, cta, o):

@@ -51,7 +51,7 @@ from .warmup import warmup_table_kernel
 STATE_PASSES = {"ws": chunk_fwd_ws_kernel, "loop": chunk_fwd_kernel}
 # builders whose kernels guard every global access themselves (rows against the sequence end, tile slots against the
 # grid): compiled without TileLang's per-access bounds tests (common.pass_configs)
-GUARDED = frozenset({gla_factors_kernel, kkt_solve_kernel})
+GUARDED = frozenset({gla_factors_kernel, kkt_solve_kernel, chunk_fwd_ws_kernel})
 
 
 @functools.lru_cache(maxsize=None)
