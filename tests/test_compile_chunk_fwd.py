@@ -76,7 +76,8 @@ CASES = [
     ("ws_warmsplit_half", "scalar", True, 64, "float16", "float16", (True, False, True)),
     ("ws_warm_quarter", "scalar", True, 128, "bfloat16", "float32", FLAGS[0]),
     ("ws_warm_full", "scalar", True, 64, "float16", "float32", (True, True, False)),
-    ("ws_warm_full", "scalar", True, 128, "bfloat16", "float32", (True, False, True)),  # GDN's, transposed chain
+    ("ws_warm_full", "scalar", True, 128, "bfloat16", "float32", (True, False, True)),  # GDN's, transposed chains
+    ("ws_warm_half", "scalar", True, 128, "bfloat16", "float32", (True, False, True)),
     ("chunk_fwd", "scalar", True, 128, "float16", "float16", FLAGS[0]),  # GDN with a half-precision beta
     ("chunk_fwd", "scalar", True, 256, "bfloat16", "float32", FLAGS[0]),
     ("chunk_fwd", "scalar", True, 256, "float16", "float32", FLAGS[1]),
@@ -148,7 +149,8 @@ def test_compiles_for_sm90a(compiled, case):
     assert smem <= SMEM_LIMIT, f"{smem} bytes of shared memory"
     kind, gate, delta, K, *_ = case
     # the transposed chain groups (chunk_fwd_ws.WsConfig.transposed): each product's left operand from registers
-    transposed = kind in ("ws_full", "ws_warm_full") and delta and gate != "channel" and K == 128
+    transposed = kind in ("ws_full", "ws_half", "ws_warm_full", "ws_warm_half") and delta and gate != "channel" \
+        and K == 128
     assert ("wgmma_rs" in source) == transposed
     if kind.startswith("ws"):  # launch.GUARDED: no per-access bounds tests (e.g. of the batch index against B)
         assert not re.search(r"\(bb(_\d+)? < B\)", source)

@@ -42,35 +42,39 @@ def test_every_shipped_configuration_fits_shared_memory():
 
 
 @pytest.mark.parametrize("K,gate,block_DV,chains", [
-    (128, "scalar", 128, True),  # GDN at full width
-    (64, "none", 64, True),  # delta_rule at K = 64
-    (128, "scalar", 64, False),  # DV blocks below K keep the state and value groups
-    (128, "channel", 64, False),  # KDA: its value group reads Vnew_s as Vd
+    (128, "scalar", 128, 2),  # GDN at full width: two chain groups of 64 columns
+    (64, "none", 64, 2),  # delta_rule at K = 64: two of 32
+    (128, "scalar", 64, 1),  # GDN at DV 64: one chain group, the value group's warps idle
+    (128, "scalar", 32, 0),  # smaller DV blocks keep the state and value groups
+    (64, "scalar", 32, 0),
+    (128, "channel", 64, 0),  # KDA: its value group reads Vnew_s as Vd
 ])
 def test_chain_groups_hand_over_to_the_output_group_only(K, gate, block_DV, chains):
-    """With chain groups (delta rule with output at DV block K, no per-channel gate) each of the two writes its half
-    of S_s and Vnew_s (256 arrivals), the output group alone reads them (128), Vd needs no ring and Vnew_s has two
-    slots; the input slots are released by the two chain groups and the output group."""
+    """With chain groups (delta rule with output, no per-channel gate, at DV block K or at 64 with K = 128) each
+    writes its part of S_s and Vnew_s (128 arrivals a group), the output group alone reads them (128), Vd needs no
+    ring and Vnew_s has two slots; the input slots are released by the chain groups and the output group."""
     cfg = chunk_fwd_ws.WsConfig.derive(K, K, gate, True, block_DV, True)
-    assert cfg.chain_halves == chains
+    assert cfg.chains == chains
     if chains:
-        assert (cfg.S_ring.writers, cfg.S_ring.readers) == (256, 128)
-        assert (cfg.Vn_ring.writers, cfg.Vn_ring.readers, cfg.Vn_ring.slots) == (256, 128, 2)
+        assert (cfg.S_ring.writers, cfg.S_ring.readers) == (chains * 128, 128)
+        assert (cfg.Vn_ring.writers, cfg.Vn_ring.readers, cfg.Vn_ring.slots) == (chains * 128, 128, 2)
         assert cfg.Vd_ring is None and not cfg.value_writes_vd
         assert "Vd_s" not in {buffer.name for buffer in cfg.shared}
+        assert cfg.inputs.readers == (chains + 1) * chunk_fwd_ws.GROUP
     else:
         assert cfg.S_ring.writers == 128 and cfg.Vn_ring.writers == 128
-    assert cfg.inputs.readers == 3 * chunk_fwd_ws.GROUP
+        assert cfg.inputs.readers == 3 * chunk_fwd_ws.GROUP
 
 
 @pytest.mark.parametrize("K,gate,block_DV,transposed", [
     (128, "scalar", 128, True),  # GDN at full width: halves of 64 columns, a warp group's 64 product rows
     (128, "none", 128, True),  # delta_rule
+    (128, "scalar", 64, True),  # one chain group of 64 columns
     (64, "scalar", 64, False),  # halves of 32 columns: below a warp group's rows, the chain stays untransposed
-    (128, "scalar", 64, False),  # no chain groups
+    (128, "scalar", 32, False),  # no chain groups
 ])
 def test_transposed_chain_groups_hand_over_S_and_Vnew_transposed(K, gate, block_DV, transposed):
-    """The chain groups run transposed where each half of the DV block is 64 columns; S_s and Vnew_s then hold S^T
+    """The chain groups run transposed where each holds 64 columns of the DV block; S_s and Vnew_s then hold S^T
     and Vnew^T (rows by DV column), else S and Vnew."""
     cfg = chunk_fwd_ws.WsConfig.derive(K, K, gate, True, block_DV, True)
     assert cfg.transposed == transposed

@@ -34,12 +34,13 @@ producer, state and value the mainloop, output the epilogue):
     output  (threads 256-383)  P = Q K^T (before S is ready; loaded with a per-channel gate), Q S, O = ... + P Vnew,
                                stores O (of the odd chunks where the value group takes the even ones); without
                                output: idle
-    chain   (threads 0-255)    the delta rule with output at DV block K under a scalar gate or none (chain_halves;
-                               GDN's and delta_rule's passes at full width, the split's outputs pass included):
-                               in place of state and value, two groups each running the state's and the value's
-                               work for half of the block's columns (each chain is independent of the other half);
-                               at K = 128 transposed (S^T, R^T, Vnew^T in registers: each product's left operand
-                               from registers, K and A from shared memory; WsConfig.transposed)
+    chain   (threads 0-255)    the delta rule with output under a scalar gate or none at DV block K, or 64 at K =
+                               128 (WsConfig.chains; GDN's and delta_rule's passes, the split's outputs pass
+                               included): in place of state and value, one group per 64 columns of the block (two
+                               halves at DV block K = 64) each running the state's and the value's work for its
+                               columns (each chain is independent of the other); at 64 columns transposed (S^T, R^T,
+                               Vnew^T in registers: each product's left operand from registers, K and A from shared
+                               memory; WsConfig.transposed); one chain group leaves the value group's warps idle
     load    (threads 384-511)  TMA warp: q (for the output), k, v, A (delta rule), P and Kg (per-channel gate);
                                gate warp: gc, beta (or the chunk's D)
                                loaded GATE_AHEAD chunks ahead into registers, written with exp(gc), exp(gc_last - gc)
@@ -53,11 +54,11 @@ chunk c waits parity (c // n + 1) % 2, which a fresh barrier passes: the first n
     loaded / consumed    load -> the chunk's readers     q, k, v, A, gc, beta (D)   2 to 4, 3 delta rule (stages)
     landed               TMA warp -> gate warp           a last chunk's tail bufs   per slot (loaded[n + s]), once
     S_ready / S_read     state -> value, output          S_s                        2
-                         (both chain groups -> output)
+                         (the chain groups -> output)
     Vd_ready / Vd_read   value or Vd writers -> state    Vd_s                       1 delta rule, 2 plain update
                          (none with chain groups: each writes Vd over its R and reads it back, or holds Vd^T)
     Vn_ready / Vn_read   value -> output (and state)     Vnew_s (delta rule)        2 to block_DV = 64, 1 above,
-                         (both chain groups -> output)                              2 with chain groups
+                         (the chain groups -> output)                               2 with chain groups
 The recurrence's critical path is S_s -> K S -> A R -> K^T Vd -> S_s (S_s -> Kg S -> Ab (-Kg S) -> K^T Vnew -> S_s
 under the per-channel gate; S^T -> S^T K^T -> R^T A^T -> Vd^T K -> S^T in registers in the transposed chain groups,
 with S_s and Vnew_s written beside it, holding S^T and Vnew^T). P = Q K^T, Q S, P Vnew and the store run
@@ -118,8 +119,8 @@ STATE_REGS = 160
 VALUE_REGS = 152
 OUTPUT_REGS = 144
 LOAD_REGS = 56
-# with two chain groups (WsConfig.chain_halves), 160 + 160 + 136 + 56: each holds half of S and its R and Vnew (and
-# transposed their 16-bit copies, the register operands)
+# with two chain groups (WsConfig.chains), 160 + 160 + 136 + 56: each holds its part of S and its R and Vnew (and
+# transposed their 16-bit copies, the register operands); with one, the value group's idle warps take LOAD_REGS
 CHAIN_REGS = 160
 CHAIN_OUTPUT_REGS = 136
 SHARED_BYTES = 226 * 1024  # of the 227 KiB a CTA may take, 1 KiB left for barriers and alignment
@@ -196,17 +197,20 @@ class WsConfig:
     """Two otherwise idle load warps write Vd_s = exp(gc_last - gc) V: two output groups and a Vd_s."""
     value_writes_vd: bool
     """The value group writes Vd_s (with the delta rule after R and Vnew, then Vnew_s; Vnew_s alone under
-    vnew_is_vd); else it is an output group (two_output_groups), a chain group (chain_halves) or idles (the state
+    vnew_is_vd); else it is an output group (two_output_groups), a chain group (chains) or idles (the state
     pass alone with K^T V from the input slots)."""
-    chain_halves: bool
-    """The delta rule with output at block_DV = K under a scalar gate or none: the state and value groups give way to
-    two chain groups, each running the whole recurrence (S, K S, A R, K^T Vd) for half of the DV block's columns, so
-    the SM interleaves two independent chains of half the width; each writes Vd over its R in v_s (no Vd_s), and
-    the output group waits for both halves of S_s and Vnew_s."""
+    chains: int
+    """Chain groups (0: the state and value groups). The delta rule with output under a scalar gate or none, at
+    block_DV = K (two: halves) or at block_DV = 64 with K = 128 (one): the state and value groups give way to chain
+    groups, each running the whole recurrence (S, K S, A R, K^T Vd) for block_DV / chains of the block's columns,
+    so that no hand-over crosses groups on the recurrence and the SM interleaves independent chains; no Vd_s, and
+    the output group waits for every chain group's part of S_s and Vnew_s. One chain group leaves the value group's
+    warps idle."""
     transposed: bool
-    """chain_halves at halves of 64 columns (K = 128; a warp group's product has 64 rows): the chain groups run the
-    recurrence transposed (S^T, R^T, Vnew^T, Vd^T in registers), so that each of its products takes its left
-    operand from registers and only K and A from shared memory; S_s and Vnew_s hold S^T and Vnew^T."""
+    """Chain groups of 64 columns (K = 128; a warp group's product has 64 rows): they run the recurrence transposed
+    (S^T, R^T, Vnew^T, Vd^T in registers), so that each of its products takes its left operand from registers and
+    only K and A from shared memory; S_s and Vnew_s hold S^T and Vnew^T. Otherwise (halves of 32 columns at K =
+    64) each writes R, then Vd, over its part of V in v_s."""
     vnew_is_vd: bool
     """The per-channel delta rule: Vd = Vnew (the decay is in Kd, and Vnew's rows past the sequence end are zero:
     so are Ab's and Kg's there), so the state group adds K^T Vnew from Vnew_s, which the output group reads too;
@@ -215,17 +219,17 @@ class WsConfig:
     """loaded / consumed: q, k, Kg, v, A, P, gc, beta, D from the load group to the groups that read them. Slots: as
     many as shared memory holds beside the fixed buffers, 2 to 4 (3 with the delta rule). Writers: the TMA warp
     and the gate warp (which zeroes a last chunk's tail rows first, module docstring). Readers: the state group,
-    the chunk's output group, a value group that writes Vd_s, the Vd writers (the two chain groups in place of
-    the state and value groups)."""
+    the chunk's output group, a value group that writes Vd_s, the Vd writers (the chain groups in place of the
+    state and value groups)."""
     S_ring: Ring | None
     """S_ready / S_read: S_s from the state group to the value group (delta rule) and the chunk's output group, or
-    from both chain groups (each its half) to the output group; two slots (the state never waits for Q S of the
+    from the chain groups (each its part) to the output group; two slots (the state never waits for Q S of the
     chunk it just left). None: S_s has no readers."""
     Vd_ring: Ring | None
     """Vd_ready / Vd_read: Vd_s to the state group from the value group or the two Vd writers (vd_slots). None:
-    K^T V from the input slots, Vd = Vnew_s (vnew_is_vd) or each chain group's Vd over its R (chain_halves)."""
+    K^T V from the input slots, Vd = Vnew_s (vnew_is_vd) or each chain group's own Vd (chains)."""
     Vn_ring: Ring | None
-    """Vn_ready / Vn_read: Vnew_s from the value group (or both chain groups, each its half) to the output group
+    """Vn_ready / Vn_read: Vnew_s from the value group (or the chain groups, each its part) to the output group
     (delta rule with output) and, under vnew_is_vd, the state group; two slots up to block_DV = 64 and with chain
     groups, one above (shared memory). None: no Vnew_s."""
     shared: tuple[Shared, ...]
@@ -253,15 +257,16 @@ class WsConfig:
         kv_from_inputs = direct_v(gate, delta)
         vd_writers = two_output_groups and not kv_from_inputs
         vnew_is_vd = channel and delta
-        chain_halves = delta and not channel and store_output and block_DV == K
-        transposed = chain_halves and block_DV // 2 == 64
-        value_writes_vd = not two_output_groups and not kv_from_inputs and not chain_halves
-        writers = 2 * GROUP if chain_halves else GROUP  # of S_s and Vnew_s
+        chained = delta and not channel and store_output
+        chains = 2 if chained and block_DV == K else 1 if chained and (K, block_DV) == (128, 64) else 0
+        transposed = chains > 0 and block_DV // chains == 64
+        value_writes_vd = not two_output_groups and not kv_from_inputs and not chains
+        writers = chains * GROUP if chains else GROUP  # of S_s and Vnew_s
         # warp groups reading S_s: the output group, and the value group unless it is a chain group
-        S_readers = 1 if two_output_groups or chain_halves else int(delta) + int(store_output)
-        Vd_slots, Vn_slots = vd_slots(delta), 2 if block_DV <= 64 or chain_halves else 1
+        S_readers = 1 if two_output_groups or chains else int(delta) + int(store_output)
+        Vd_slots, Vn_slots = vd_slots(delta), 2 if block_DV <= 64 or chains else 1
         S_ring = Ring("S_ready", "S_read", 2, writers, S_readers * GROUP) if S_readers else None
-        Vd_ring = None if kv_from_inputs or vnew_is_vd or chain_halves else Ring(
+        Vd_ring = None if kv_from_inputs or vnew_is_vd or chains else Ring(
             "Vd_ready", "Vd_read", Vd_slots, 64 if vd_writers else GROUP, GROUP)
         Vn_readers = int(store_output) + int(vnew_is_vd)  # the output group; the state group under vnew_is_vd
         Vn_ring = Ring("Vn_ready", "Vn_read", Vn_slots, writers, Vn_readers * GROUP) if delta and Vn_readers else None
@@ -294,10 +299,10 @@ class WsConfig:
         return cls(
             K=K, V=V, gate=gate, delta=delta, block_DV=block_DV, store_output=store_output, NV=V // block_DV,
             scalar=scalar, channel=channel, two_output_groups=two_output_groups, kv_from_inputs=kv_from_inputs,
-            vd_writers=vd_writers, value_writes_vd=value_writes_vd, chain_halves=chain_halves, transposed=transposed,
+            vd_writers=vd_writers, value_writes_vd=value_writes_vd, chains=chains, transposed=transposed,
             vnew_is_vd=vnew_is_vd,
             inputs=Ring("loaded", "consumed", stages, 64,  # readers: state and value, or the chain groups; output
-                        GROUP * ((2 if chain_halves else 1 + int(value_writes_vd)) + int(store_output))
+                        GROUP * ((chains or 1 + int(value_writes_vd)) + int(store_output))
                         + 64 * int(vd_writers)),
             S_ring=S_ring, Vd_ring=Vd_ring, Vn_ring=Vn_ring,
             shared=tuple(Shared(b.name, (stages, *b.shape), b.fp32) for b in slot) + tuple(fixed),
@@ -492,14 +497,14 @@ def chunk_fwd_ws_kernel(
 
     @T.macro
     def chain_group(smem, cta, j0, S_f, R_f, Vn_f, S16, R16, Vd16, h0, ht):
-        """The whole recurrence for columns j0 ... j0 + block_DV / 2 of the DV block (cfg.chain_halves): per chunk,
+        """The whole recurrence for columns j0 ... j0 + block_DV / chains of the DV block (cfg.chains): per chunk,
         S's 16-bit copy to its part of S_s, K S -> R = beta (V - exp(gc) K S) -> Vnew = A R -> Vd = exp(gc_last - gc)
         Vnew, S <- exp(gc_last) S + K^T Vd; Vnew to its part of Vnew_s.
         Transposed (cfg.transposed; S_f, R_f, Vn_f hold S^T, (K S)^T, Vnew^T and S16, R16, Vd16 the 16-bit S^T,
         R^T, Vd^T): (K S)^T = S^T K^T, Vnew^T = R^T A^T, S^T <- exp(gc_last) S^T + Vd^T K, each product's left
         operand from registers; S^T and Vnew^T go to its rows of S_s and Vnew_s. Otherwise (S16, R16, Vd16 None)
-        K S reads its columns of S_s, and R and then Vd pass through V's half of v_s (over V)."""
-        cols = block_DV // 2
+        K S reads its columns of S_s, and R and then Vd pass through its part of V in v_s (over V)."""
+        cols = block_DV // cfg.chains
         decay = T.alloc_local([1], accum)
         initial_state(cta, S_f, h0, cta.v0 + j0, cols)
         for c in T.serial(cta.n_chunks):
@@ -743,13 +748,14 @@ def chunk_fwd_ws_kernel(
                 # operand would be, so that the fragment's four rows a load spans fall in distinct banks
                 T.annotate_layout({smem.v_s: tilelang.layout.make_swizzled_layout(smem.v_s)})
 
-            S_f = KS_f = Vn_f = P_f = O2_f = P2_f = halves = None
+            S_f = KS_f = Vn_f = P_f = O2_f = P2_f = parts = None
+            part = block_DV // max(cfg.chains, 1)  # a chain group's columns
             if cfg.transposed:  # each chain group's S^T, (K S)^T, Vnew^T in fp32 and its operands S^T, R^T, Vd^T
-                halves = [tuple(T.alloc_fragment([block_DV // 2, cols], kind) for kind, cols in (
-                    (accum, K), (accum, C), (accum, C), (dtype, K), (dtype, C), (dtype, C))) for _ in range(2)]
-            elif cfg.chain_halves:  # each chain group's S, R and Vnew of its half of the columns
-                halves = [tuple(T.alloc_fragment([rows, block_DV // 2], accum) for rows in (K, C, C)) + (None,) * 3
-                          for _ in range(2)]
+                parts = [tuple(T.alloc_fragment([part, cols], kind) for kind, cols in (
+                    (accum, K), (accum, C), (accum, C), (dtype, K), (dtype, C), (dtype, C))) for _ in range(cfg.chains)]
+            elif cfg.chains:  # each chain group's S, R and Vnew of its columns
+                parts = [tuple(T.alloc_fragment([rows, part], accum) for rows in (K, C, C)) + (None,) * 3
+                         for _ in range(cfg.chains)]
             else:
                 S_f = T.alloc_fragment([K, block_DV], accum)
                 if delta:
@@ -796,27 +802,27 @@ def chunk_fwd_ws_kernel(
 
             tx = T.get_thread_binding()
             if tx < GROUP:  # state, or the first chain group
-                if cfg.chain_halves:
+                if cfg.chains:
                     T.set_max_nreg(CHAIN_REGS, 1)
-                    chain_group(smem, cta, 0, *halves[0], h0, ht)
+                    chain_group(smem, cta, 0, *parts[0], h0, ht)
                 else:
                     T.set_max_nreg(STATE_REGS, 1)
                     state_group(smem, cta, S_f, h0, ht)
             elif tx < 2 * GROUP:  # value, or the second chain group
-                if cfg.chain_halves:
+                if cfg.chains == 2:
                     T.set_max_nreg(CHAIN_REGS, 1)
-                    chain_group(smem, cta, block_DV // 2, *halves[1], h0, ht)
+                    chain_group(smem, cta, part, *parts[1], h0, ht)
                 elif cfg.two_output_groups:
                     T.set_max_nreg(VALUE_REGS, 1)
                     output_group(0, P2_f, O2_f, smem, cta, o)
                 elif cfg.value_writes_vd:
                     T.set_max_nreg(VALUE_REGS, 1)
                     value_group(smem, cta, KS_f, Vn_f)
-                else:  # the plain update's state pass alone, K^T V from the input slots: idle
+                else:  # one chain group, or the plain update's state pass alone (K^T V from the input slots): idle
                     T.set_max_nreg(LOAD_REGS, 0)
             elif tx < 3 * GROUP:  # output
                 if store_output:
-                    T.set_max_nreg(CHAIN_OUTPUT_REGS if cfg.chain_halves else OUTPUT_REGS, 1)
+                    T.set_max_nreg(CHAIN_OUTPUT_REGS if cfg.chains == 2 else OUTPUT_REGS, 1)
                     output_group(1, P_f, O_f, smem, cta, o)
                 else:  # the state pass alone: idle
                     T.set_max_nreg(LOAD_REGS, 0)
