@@ -79,10 +79,10 @@ Bounds: every global access is in bounds by construction for the inputs the laun
 without TileLang's per-access bounds tests (launch.GUARDED): TMA zero-fills a tile's rows past a tensor's end; the
 gate warp's rows are clamped into the sequence and its chunks to the last (a CTA of an empty sequence runs none); the
 warm-up starts within the sequence (warmup.py: w <= the segment's first chunk) from the row of h0 its table names
-(the transitions' states); o's rows are tested against the sequence end (and the segment start under the warm-up),
-a chunk inside both stored without a test per row; cu_seqlens (non-decreasing up to the token count: checked at
-the public boundary), the launch order (a permutation of the sequences), the warm-up table, h0 and ht are read at
-the CTA's own sequence and head.
+(the transitions' states); o's rows are tested against the sequence end (a whole chunk stored without a test per
+row; under the warm-up only the chunks from the segment's first row on are stored); cu_seqlens (non-decreasing up
+to the token count: checked at the public boundary), the launch order (a permutation of the sequences), the
+warm-up table, h0 and ht are read at the CTA's own sequence and head.
 
 Glossary:
     plain update   Vnew = V, no delta rule (linear_attn, simple_gla, gla)
@@ -556,12 +556,14 @@ def chunk_fwd_ws_kernel(
     @T.macro
     def output_chunk(c, P_s, P_f, O_f, smem, o, bb, bh, v0, t_start, t_out, t_end):
         """Chunk c's output by one output group: P = Q K^T (before S is ready; loaded under the per-channel gate),
-        O = scale (Q S) (exp(gc) rows) + P Vnew, stored to o's rows from t_out (the segment's first row under the
-        warm-up, else t_start) up to t_end. P_s: the group's P staging; P_f, O_f: its fragments."""
+        O = scale (Q S) (exp(gc) rows) + P Vnew, stored to o's rows up to t_end. Under the warm-up a chunk before
+        t_out (the segment's first row; the CTA starts whole chunks before it) has no output: the group passes its
+        hand-overs on without products or stores. P_s: the group's P staging; P_f, O_f: its fragments."""
         s, slot = S_ring.slot(c), inputs.slot(c)
         t0 = t_start + c * C
+        live = (t0 >= t_out) if warmup else True
         T.barrier_wait(smem.loaded[slot], inputs.ready_parity(c))
-        if not channel:
+        if not channel and live:
             T.gemm(smem.q_s[slot, :, :], smem.k_s[slot, :, :], P_f, transpose_B=True, clear_accum=True)
             for i, j in T.Parallel(C, C):
                 if scalar:
@@ -573,37 +575,33 @@ def chunk_fwd_ws_kernel(
             T.copy(P_f, P_s)
             T.fence_proxy_async()
         T.barrier_wait(smem.S_ready[s], S_ring.ready_parity(c))
-        T.gemm(smem.q_s[slot, :, :], smem.S_s[s, :, :], O_f, transpose_B=cfg.transposed, clear_accum=True)
+        if live:
+            T.gemm(smem.q_s[slot, :, :], smem.S_s[s, :, :], O_f, transpose_B=cfg.transposed, clear_accum=True)
         T.barrier_arrive(smem.S_read[s])
-        for i, j in T.Parallel(C, block_DV):
-            if scalar:
-                O_f[i, j] = O_f[i, j] * (scale * smem.eg_s[slot, i])
-            else:
-                O_f[i, j] = O_f[i, j] * scale
+        if live:
+            for i, j in T.Parallel(C, block_DV):
+                if scalar:
+                    O_f[i, j] = O_f[i, j] * (scale * smem.eg_s[slot, i])
+                else:
+                    O_f[i, j] = O_f[i, j] * scale
         if delta:
             n = Vn_ring.slot(c)
             T.barrier_wait(smem.Vn_ready[n], Vn_ring.ready_parity(c))
-            T.gemm(smem.Pg_s[slot, :, :] if channel else P_s, smem.Vn_s[n, :, :], O_f, transpose_B=cfg.transposed)
+            if live:
+                T.gemm(smem.Pg_s[slot, :, :] if channel else P_s, smem.Vn_s[n, :, :], O_f,
+                       transpose_B=cfg.transposed)
             T.barrier_arrive(smem.Vn_read[n])
-        else:
+        elif live:
             T.gemm(smem.Pg_s[slot, :, :] if channel else P_s, smem.v_s[slot, :, :], O_f)
         T.barrier_arrive(smem.consumed[slot])  # the stores below read registers only
-        # a chunk whose rows are all stored (none past the sequence end; under the warm-up, the segment's: a chunk
-        # lies before t_out or from it on) stores them without a test per row
-        if warmup:
-            whole = T.And(t0 + C <= t_end, t0 >= t_out)
-        else:
-            whole = t0 + C <= t_end
-        if whole:
-            for i, j in T.Parallel(C, block_DV):
-                o[bb, t0 + i, bh, v0 + j] = O_f[i, j]
-        else:
-            for i, j in T.Parallel(C, block_DV):
-                if warmup:
-                    if t0 + i < t_end and t0 + i >= t_out:
-                        o[bb, t0 + i, bh, v0 + j] = O_f[i, j]
-                elif t0 + i < t_end:
+        if live:
+            if t0 + C <= t_end:  # a whole chunk of the sequence: its rows stored without a test per row
+                for i, j in T.Parallel(C, block_DV):
                     o[bb, t0 + i, bh, v0 + j] = O_f[i, j]
+            else:
+                for i, j in T.Parallel(C, block_DV):
+                    if t0 + i < t_end:
+                        o[bb, t0 + i, bh, v0 + j] = O_f[i, j]
 
     @T.macro
     def output_group(first, P_f, O_f, smem, cta, o):
