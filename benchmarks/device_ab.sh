@@ -13,11 +13,13 @@
 # DEADLINE (epoch seconds, default 540 s from the start: no round starts after it less 60 s). Before the rounds every
 # case runs once per tree in a process of its own (no timing) so that TileLang and FlashQLA compile in parallel.
 # Output: $OUT/<op>_{base,head}_<round>.json (records with --profile's kernels), their --compare tables on stdout,
-# bench and test logs, and the new kernel-cache entries (benchmarks/device_cache.sh).
+# the new kernel-cache entries (benchmarks/device_cache.sh) and $OUT/logs.tar.xz (bench, warm-up and test logs, in
+# $LOGS until the end): a call hands back at most 8 files.
 set -o pipefail
 . benchmarks/device_cache.sh
 OUT=${OUT:-$PWD/device-out}
-mkdir -p "$OUT"
+LOGS=${LOGS:-/tmp/device-ab-logs}
+mkdir -p "$OUT" "$LOGS"
 t0=$(date +%s)
 DEADLINE=${DEADLINE:-$(( t0 + 540 ))}
 op=${OP:-gdn} impls=${IMPLS:-tilela,flash_qla}
@@ -32,7 +34,7 @@ warm=()
 for side in base head; do
   for case in "${cases[@]}"; do
     PYTHONPATH=${tree[$side]} timeout "${WARM_TIMEOUT:-240}" python -m tilela.cli bench --op "$op" --impls "$impls" \
-      --no-checks --replays 1 --cases "$case" --out "/tmp/warm-$side-$case.json" > "$OUT/warm_${side}_$case.log" 2>&1 &
+      --no-checks --replays 1 --cases "$case" --out "/tmp/warm-$side-$case.json" > "$LOGS/warm_${side}_$case.log" 2>&1 &
     warm+=($!)
   done
 done
@@ -40,15 +42,15 @@ if [ -n "$TESTS" ]; then
   # shellcheck disable=SC2086  # TESTS is a list of paths or node ids
   OMP_NUM_THREADS=1 timeout -s INT -k 20 "${TEST_TIMEOUT:-300}" python -m pytest -v -p no:cacheprovider --tb=short \
     -rfE -n "${TEST_PROCS:-8}" --dist loadgroup -m gpu $TESTS 2>&1 | grep -v -E "INFO|warner\(" \
-    > "$OUT/pytest_gpu.log" &
+    > "$LOGS/pytest_gpu.log" &
   tests=$!
 fi
 wait "${warm[@]}"
 echo "warm-up: $(( $(date +%s) - t0 )) s"
-grep -h -E "Error|failed" "$OUT"/warm_*.log | sort | uniq -c | head -10
+grep -h -E "Error|failed" "$LOGS"/warm_*.log | sort | uniq -c | head -10
 if [ -n "$TESTS" ]; then
   wait "$tests"
-  log="$OUT/pytest_gpu.log"
+  log="$LOGS/pytest_gpu.log"
   echo "gpu tests: $(grep -c ' PASSED' "$log") passed, $(grep -c ' FAILED' "$log") failed," \
        "$(grep -c ' ERROR' "$log") errors ($(( $(date +%s) - t0 )) s)"
   grep -E "^(FAILED|ERROR)|^E  " "$log" | head -20
@@ -60,10 +62,11 @@ for ((round = 1; round <= ${ROUNDS:-2}; round++)); do
     limit=${BENCH_TIMEOUT:-200}; [ "$left" -lt "$limit" ] && limit=$left; [ "$limit" -lt 1 ] && limit=1
     PYTHONPATH=${tree[$side]} timeout "$limit" python -m tilela.cli bench --op "$op" --impls "$impls" --replays 20 \
       --profile --no-checks --cases "$CASES" --out "$OUT/${op}_${side}_$round.json" 2>&1 | grep -v INFO \
-      > "$OUT/bench_${side}_$round.log"
+      > "$LOGS/bench_${side}_$round.log"
   done
   echo "== round $round ($(( $(date +%s) - t0 )) s)"
   python -m tilela.cli bench --compare "$OUT/${op}_base_$round.json" "$OUT/${op}_head_$round.json"
 done
 cache_out
+tar cJf "$OUT/logs.tar.xz" -C "$LOGS" .
 echo "all: $(( $(date +%s) - t0 )) s"
