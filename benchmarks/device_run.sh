@@ -19,10 +19,13 @@
 # part on a CPU machine: `python benchmarks/precompile.py`, same TILELANG_CACHE_DIR / TILELANG_DEFAULT_TARGET);
 # whatever it misses is compiled here first, 16 processes at once; what the call added leaves as
 # $OUT/newcache-<time>.tar.xz (copy it to .devrun/ for the next call).
+# Output: $OUT/<op>.json (each op's results), the new cache entries and $OUT/logs.tar.xz (the precompile, test,
+# warm-up and bench logs, in $LOGS until the end): a call hands back at most 8 files.
 set -o pipefail
 . benchmarks/device_cache.sh
 OUT=${OUT:-$PWD/device-out}
-mkdir -p "$OUT"
+LOGS=${LOGS:-/tmp/device-run-logs}
+mkdir -p "$OUT" "$LOGS"
 cache_in
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw --format=csv,noheader
 t0=$(date +%s)
@@ -37,8 +40,8 @@ while [ $# -gt 0 ]; do
   shift
 done
 if [ "${PRECOMPILE_TIMEOUT:-240}" -gt 0 ]; then
-  timeout "${PRECOMPILE_TIMEOUT:-240}" python benchmarks/precompile.py 16 > "$OUT/precompile.log" 2>&1
-  tail -1 "$OUT/precompile.log"
+  timeout "${PRECOMPILE_TIMEOUT:-240}" python benchmarks/precompile.py 16 > "$LOGS/precompile.log" 2>&1
+  tail -1 "$LOGS/precompile.log"
   echo "precompile: $(( $(date +%s) - t0 )) s"
 fi
 if [ -n "$tests" ]; then
@@ -53,8 +56,8 @@ if [ -n "$tests" ]; then
   # shellcheck disable=SC2086  # TESTS is a list of paths or node ids
   timeout -s INT -k 30 "${TEST_TIMEOUT:-240}" python -m pytest -v -p no:cacheprovider --tb=short -rfE --durations=20 \
     "${workers[@]}" -m gpu ${TESTS:-tests} 2>&1 | grep -v -E "INFO|PytestBenchmarkWarning|warner\(" \
-    > "$OUT/pytest_gpu.log"
-  log="$OUT/pytest_gpu.log"
+    > "$LOGS/pytest_gpu.log"
+  log="$LOGS/pytest_gpu.log"
   echo "gpu tests: $(grep -oE '\[[0-9]+ items?\]' "$log" | head -1) $(grep -c ' PASSED' "$log") passed," \
        "$(grep -c ' FAILED' "$log") failed, $(grep -c ' SKIPPED' "$log") skipped"
   grep -E "^(FAILED|ERROR)|^E  " "$log" | head -30
@@ -84,7 +87,7 @@ PY
     for ((i = p; i < ${#cases[@]}; i += WARM_PROCS)); do sub+="${cases[$i]},"; done
     [ -z "$sub" ] && continue
     timeout "${WARM_TIMEOUT:-200}" python -m tilela.cli bench --op "$1" --impls "$impls" --no-checks --replays 1 \
-      --cases "${sub%,}" --out "/tmp/warm-$1-$p.json" > "$OUT/warm_$1_$p.log" 2>&1 &
+      --cases "${sub%,}" --out "/tmp/warm-$1-$p.json" > "$LOGS/warm_$1_$p.log" 2>&1 &
   done
   wait
   echo "warm-up of $1 (${#cases[@]} cases, $WARM_PROCS processes): $(( $(date +%s) - t0 )) s"
@@ -97,8 +100,9 @@ for op in ${bench:+"${@:-gdn}"}; do
   [ -n "$DEADLINE" ] && limit=$(( limit < DEADLINE - $(date +%s) - 30 ? limit : DEADLINE - $(date +%s) - 30 ))
   [ "$limit" -lt 1 ] && limit=1
   timeout "$limit" python -m tilela.cli bench --op "$op" $quick --replays 20 --out "$OUT/$op.json" $BENCH_ARGS \
-    2>&1 | grep -v INFO > "$OUT/bench_$op.log"
-  grep "^|" "$OUT/bench_$op.log"
+    2>&1 | grep -v INFO > "$LOGS/bench_$op.log"
+  grep "^|" "$LOGS/bench_$op.log"
 done
 cache_out
+tar cJf "$OUT/logs.tar.xz" -C "$LOGS" .
 echo "all: $(( $(date +%s) - t0 )) s"
