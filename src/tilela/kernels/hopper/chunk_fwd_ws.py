@@ -383,15 +383,20 @@ def chunk_fwd_ws_kernel(
         T.fence_proxy_async()
         T.barrier_arrive(getattr(smem, ring.ready)[n])
 
+    def residual_entry(smem, slot, i, j, KS):
+        """R's entry at row i, column j of V from K S's: beta_i (V_ij - exp(gc_i) (K S)_ij)."""
+        return smem.beta_s[slot, i] * (smem.v_s[slot, i, j] - (smem.eg_s[slot, i] * KS if scalar else KS))
+
     @T.macro
-    def residual(smem, slot, R_f, j0, cols):
-        """R_f <- R = beta (V - exp(gc) K S) (no exp(gc) without a gate) from K S in R_f, with V's columns j0 ...
-        j0 + cols of the input slot."""
-        for i, j in T.Parallel(C, cols):
-            if scalar:
-                R_f[i, j] = smem.beta_s[slot, i] * (smem.v_s[slot, i, j0 + j] - smem.eg_s[slot, i] * R_f[i, j])
-            else:
-                R_f[i, j] = smem.beta_s[slot, i] * (smem.v_s[slot, i, j0 + j] - R_f[i, j])
+    def residual(smem, slot, R_f, j0, cols, R16=None):
+        """R = beta (V - exp(gc) K S) (no exp(gc) without a gate) from K S in R_f, with V's columns j0 ... j0 + cols
+        of the input slot: into R_f, or transposed (R_f holding (K S)^T) into R16 as R^T in the inputs' dtype."""
+        if R16 is None:
+            for i, j in T.Parallel(C, cols):
+                R_f[i, j] = residual_entry(smem, slot, i, j0 + j, R_f[i, j])
+        else:
+            for j, i in T.Parallel(cols, C):
+                R16[j, i] = T.cast(residual_entry(smem, slot, i, j0 + j, R_f[j, i]), dtype)
 
     @T.macro
     def scalar_decay(smem, slot, decay, S_f):
@@ -516,12 +521,7 @@ def chunk_fwd_ws_kernel(
                 # would store S16's registers for S_f's identical copy
                 publish(smem, S_ring, c, S16, smem.S_s, j0, cols)
                 T.gemm(S16, smem.k_s[slot, :, :], R_f, transpose_B=True, clear_accum=True)
-                for j, i in T.Parallel(cols, C):
-                    if scalar:
-                        R16[j, i] = T.cast(
-                            smem.beta_s[slot, i] * (smem.v_s[slot, i, j0 + j] - smem.eg_s[slot, i] * R_f[j, i]), dtype)
-                    else:
-                        R16[j, i] = T.cast(smem.beta_s[slot, i] * (smem.v_s[slot, i, j0 + j] - R_f[j, i]), dtype)
+                residual(smem, slot, R_f, j0, cols, R16)
                 T.wgmma_gemm(R16, smem.A_s[slot, :, :], Vn_f, transpose_B=True, clear_accum=True)
                 if scalar:
                     scalar_decay(smem, slot, decay, S_f)

@@ -30,9 +30,9 @@ recursion of seed 000:
 The 16x16 blocks live in (n, 17, 16) fp32 shared buffers with a linear layout (the 17-row stride puts two
 neighbouring blocks half a bank row apart). The output is staged in the shared memory of the K slice, dead
 after the GEMM, and leaves as 16-byte row stores of the live rows and value heads. Varlen needs no host
-synchronisation: tile slot s belongs to the
-last sequence n with floor(cu[n] / 64) + n <= s (a binary search over cu_seqlens); the grid is an upper bound
-(floor(T / 64) + N slots) whose surplus slots exit. The dense [B, T] layout is the special case dense_len = T.
+synchronisation: tile slot s belongs to the last sequence n with floor(cu[n] / 64) + n <= s (common.locate_tile: a
+warp's search of cu_seqlens); the grid is an upper bound (floor(T / 64) + N slots) whose surplus slots exit. The
+dense [B, T] layout is the special case dense_len = T.
 Rows past a sequence end are masked (select, not multiply) so any finite or zero padding leaves rows < len exact.
 Every global access is in bounds by construction (K's rows clamped to the sequence, its columns tested against K,
 the gate and beta read and A and gc written for live rows and value heads only, A_log and dt_bias indexed within
