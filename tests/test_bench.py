@@ -3,6 +3,7 @@ and every case has a roofline (bytes, FLOPs) — the timing itself needs a GPU."
 
 import importlib
 import json
+import time
 
 import pytest
 import torch
@@ -97,23 +98,50 @@ def test_markdown_ratios_and_floor():
     assert "| c | 1.0000 | 2.0000 (2.00) | 0.5000 | 2.00 |" in table
 
 
+def test_time_eager_host_time_per_call(monkeypatch):
+    """time_eager: the events' ms per call and the host's, each divided over the input sets; the host's counts the
+    calls alone (no device wait after them), so a call that blocks the host shows in it."""
+    class Event:
+        def __init__(self, enable_timing):
+            self.at = None
+
+        def record(self):
+            self.at = time.perf_counter()
+
+        def synchronize(self):
+            time.sleep(0.02)  # the device draining: after the host's clock stops
+
+        def elapsed_time(self, end):
+            return 12.0
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    calls = []
+    result = bench.time_eager(lambda x: (calls.append(x), time.sleep(0.004)), [1, 2, 3], replays=3, warmup=1)
+    assert calls == [1, 2, 3] * 4
+    assert result.ms == 4.0
+    assert 4.0 <= result.host_ms < 10.0
+
+
 def test_markdown_eager_columns_and_geometric_means():
-    """--report --eager: each implementation's eager ms beside its graph ms; below the table the geometric mean of
-    each ratio to the first implementation over the cases both timed (a case without the other's time is left out),
+    """--report --eager: each implementation's eager and host ms beside its graph ms; below the table the geometric
+    mean of each ratio to the first implementation over the cases both timed (a case without the other's time is left out),
     its range and the cases where the first is at least as fast."""
     rec = dict(op="x", params={}, rel_err=None, floor_ms=0.5)
-    records = [dict(rec, case="a", impl="ours", ms=1.0, eager_ms=2.0), dict(rec, case="a", impl="theirs", ms=2.0,
-                                                                             eager_ms=1.0),
-               dict(rec, case="b", impl="ours", ms=1.0, eager_ms=1.0), dict(rec, case="b", impl="theirs", ms=0.5,
-                                                                             eager_ms=4.0),
+    records = [dict(rec, case="a", impl="ours", ms=1.0, eager_ms=2.0, host_ms=0.1),
+               dict(rec, case="a", impl="theirs", ms=2.0, eager_ms=1.0, host_ms=0.4),
+               dict(rec, case="b", impl="ours", ms=1.0, eager_ms=1.0, host_ms=0.2),
+               dict(rec, case="b", impl="theirs", ms=0.5, eager_ms=4.0, host_ms=0.2),
                dict(rec, case="c", impl="ours", ms=1.0)]
     table = bench.markdown(records, eager=True)
-    assert "| case | ours ms (/ ours) | ours eager ms (/ ours) | theirs ms (/ ours) | theirs eager ms (/ ours) |" in table
-    assert "| a | 1.0000 | 2.0000 | 2.0000 (2.00) | 1.0000 (0.50) | 0.5000 | 2.00 |" in table
-    assert "| c | 1.0000 | - | - | - | 0.5000 | 2.00 |" in table
+    assert ("| case | ours ms (/ ours) | ours eager ms (/ ours) | ours host ms (/ ours) | theirs ms (/ ours) | "
+            "theirs eager ms (/ ours) | theirs host ms (/ ours) |") in table
+    assert "| a | 1.0000 | 2.0000 | 0.1000 | 2.0000 (2.00) | 1.0000 (0.50) | 0.4000 (4.00) | 0.5000 | 2.00 |" in table
+    assert "| c | 1.0000 | - | - | - | - | - | 0.5000 | 2.00 |" in table
     assert "- theirs / ours: geometric mean 1.000 over 2 cases (0.50-2.00); ours at least as fast on 1" in table
     assert "- theirs eager / ours: geometric mean 1.414 over 2 cases (0.50-4.00); ours at least as fast on 1" in table
-    assert "eager" not in bench.markdown(records)
+    assert "- theirs host / ours: geometric mean 2.000 over 2 cases (1.00-4.00); ours at least as fast on 2" in table
+    assert "eager" not in bench.markdown(records) and "host" not in bench.markdown(records)
 
 
 def test_report_merges_result_files_later_first(tmp_path):

@@ -7,7 +7,8 @@ the roofline counts of a case. For every case the harness
     input set 0 with the first implementation's (`rel_err_vs`), and times it as a CUDA graph replaying one call per
     input set: median over `replays` replays of (replay time / rotations), warm-up replays excluded;
 and times it eagerly too (`eager_ms`: one call per input set from the host, launch gaps and host overhead
-included, as a serving engine runs prefill without a graph) and records its peak device memory (`peak_bytes`: one
+included, as a serving engine runs prefill without a graph; `host_ms`: the host's time to issue a call, which
+eager_ms hides while the device is the slower: time_eager) and records its peak device memory (`peak_bytes`: one
 call's outputs and workspace beyond the inputs); on the op's small check cases it compares every
 implementation with the float64 reference (`rel_err`).
 Records (op, case, impl, ms, rel_err, rel_err_vs, floor, device, versions) go to a JSON file under
@@ -30,8 +31,9 @@ import math
 import os
 import statistics
 import sys
+import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 os.environ.setdefault("FLA_FLASH_QLA", "0")
 os.environ.setdefault("FLA_FLASH_KDA", "0")
@@ -168,23 +170,36 @@ def time_graph(fn: Callable[[dict[str, Any]], Any], input_sets: list[dict[str, A
     return statistics.median(times)
 
 
+class EagerTime(NamedTuple):
+    """time_eager's medians, ms per call: ms from the device's events (launch gaps and host overhead included) and
+    host_ms, the host's time to return from the calls (perf_counter, the device idle at the start of each replay):
+    the call's host overhead where the device keeps up with it, near ms where the call waits for the device (a
+    synchronisation, or a launch queue full)."""
+
+    ms: float
+    host_ms: float
+
+
 def time_eager(fn: Callable[[dict[str, Any]], Any], input_sets: list[dict[str, Any]], replays: int,
-               warmup: int = 3) -> float:
-    """Median ms per call of fn called eagerly once per input set (for calls a CUDA graph cannot capture,
-    e.g. ones that synchronise with the host); launch gaps are included."""
+               warmup: int = 3) -> EagerTime:
+    """fn called eagerly once per input set (for calls a CUDA graph cannot capture, e.g. ones that synchronise with
+    the host, and as serving engines run prefill): medians over replays of the per-call time (EagerTime)."""
     for _ in range(warmup):
         for x in input_sets:
             fn(x)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
+    times, host = [], []
     for _ in range(replays):
+        torch.cuda.synchronize()
         start.record()
+        began = time.perf_counter()
         for x in input_sets:
             fn(x)
+        host.append((time.perf_counter() - began) * 1e3 / len(input_sets))
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) / len(input_sets))
-    return statistics.median(times)
+    return EagerTime(statistics.median(times), statistics.median(host))
 
 
 def peak_bytes(fn: Callable[[dict[str, Any]], Any], inputs: dict[str, Any]) -> int:
@@ -284,21 +299,24 @@ def run(op: str, quick: bool = False, replays: int = 30, impls: list[str] | None
                     del out
                     timing = "cuda_graph"
                     ms, error = _attempt(time_graph, lambda x, fn=fn: fn(case, x), input_sets, replays)
+                    eager = None
                     if error is not None:
                         bar.echo(f"{case.name:40s} {impl:24s} graph capture failed ({error}); timing eagerly")
                         timing = "eager"
-                        ms, error = _attempt(time_eager, lambda x, fn=fn: fn(case, x), input_sets, replays)
+                        eager, error = _attempt(time_eager, lambda x, fn=fn: fn(case, x), input_sets, replays)
+                        ms = None if eager is None else eager.ms
                 if error is not None:
                     record(case, impl, kind="time", ms=None, rel_err=None, rel_err_vs=None, error=error)
                     bar.echo(f"{case.name:40s} {impl:24s} failed: {error}")
                     continue
-                eager_ms = ms if timing == "eager" else _attempt(time_eager, lambda x, fn=fn: fn(case, x),
-                                                                input_sets, replays)[0]
+                if eager is None:
+                    eager = _attempt(time_eager, lambda x, fn=fn: fn(case, x), input_sets, replays)[0]
+                eager_ms, host_ms = (None, None) if eager is None else eager
                 peak = _attempt(peak_bytes, lambda x, fn=fn: fn(case, x), first)[0]
-                record(case, impl, kind="time", ms=ms, eager_ms=eager_ms, peak_bytes=peak, rel_err=None,
-                       rel_err_vs={base_impl: err}, rotations=rotations, timing=timing)
-                eager = "-" if eager_ms is None else f"{eager_ms:.4f}"
-                bar.echo(f"{case.name:40s} {impl:24s} {ms:9.4f} ms (eager {eager})  vs {base_impl}: {err:.2e} "
+                record(case, impl, kind="time", ms=ms, eager_ms=eager_ms, host_ms=host_ms, peak_bytes=peak,
+                       rel_err=None, rel_err_vs={base_impl: err}, rotations=rotations, timing=timing)
+                shown = "-" if eager is None else f"{eager_ms:.4f}, host {host_ms:.4f}"
+                bar.echo(f"{case.name:40s} {impl:24s} {ms:9.4f} ms (eager {shown})  vs {base_impl}: {err:.2e} "
                          f"({timing})")
                 if profile:
                     kernels, error = _attempt(kernel_times, lambda x, fn=fn: fn(case, x), first)
@@ -313,9 +331,13 @@ def run(op: str, quick: bool = False, replays: int = 30, impls: list[str] | None
     return records
 
 
+LABELS = {"ms": "", "eager_ms": "eager ", "host_ms": "host "}  # a record's times, as the report heads them
+
+
 def markdown(records: list[dict[str, Any]], eager: bool = False) -> str:
     """One row per case: each impl's ms, its ratio to the first impl, the floor and the first impl's distance; with
-    eager, each impl's eager ms (host overhead and launch gaps included) and its ratio beside its graph ms. Below the
+    eager, each impl's eager ms (host overhead and launch gaps included) and host ms (its time to issue a call:
+    time_eager) and their ratios beside its graph ms. Below the
     table, per other impl, the geometric mean of those ratios over the cases both timed (above 1: the first impl is
     faster), their range and the cases where the first impl is at least as fast."""
     timed = [r for r in records if r.get("ms") is not None]
@@ -332,8 +354,8 @@ def markdown(records: list[dict[str, Any]], eager: bool = False) -> str:
     if not timed:
         return "\n".join(lines)
     base_impl = impls[0]
-    columns = [(i, key) for i in impls for key in (("ms", "eager_ms") if eager else ("ms",))]
-    head = " | ".join(f"{i} {'eager ' if key == 'eager_ms' else ''}ms (/ {base_impl})" for i, key in columns)
+    columns = [(i, key) for i in impls for key in (("ms", "eager_ms", "host_ms") if eager else ("ms",))]
+    head = " | ".join(f"{i} {LABELS[key]}ms (/ {base_impl})" for i, key in columns)
     lines += [f"| case | {head} | floor ms | {base_impl} / floor |", "|---" * (len(columns) + 3) + "|"]
     ratios: dict[tuple[str, str], list[float]] = {column: [] for column in columns}
     for case in dict.fromkeys(r["case"] for r in timed):
@@ -355,7 +377,7 @@ def markdown(records: list[dict[str, Any]], eager: bool = False) -> str:
     summary = []
     for (i, key), values in ratios.items():
         if values:
-            summary.append(f"- {i}{' eager' if key == 'eager_ms' else ''} / {base_impl}: geometric mean "
+            summary.append(f"- {i} {LABELS[key]}/ {base_impl}: geometric mean "
                            f"{statistics.geometric_mean(values):.3f} over "
                            f"{len(values)} cases ({min(values):.2f}-{max(values):.2f}); {base_impl} at least as fast "
                            f"on {sum(v >= 1 for v in values)}")
@@ -489,7 +511,8 @@ def main(argv: list[str] | None = None) -> int:
                              "left out) and the geometric mean of each ratio instead of running")
     parser.add_argument("--eager", action="store_true",
                         help="with --report: each implementation's eager ms (one call per input set from the host, "
-                             "launch gaps and host overhead included) beside its graph ms")
+                             "launch gaps and host overhead included) and host ms (its host time to issue a call) "
+                             "beside its graph ms")
     parser.add_argument("--compare", type=Path, nargs=2, default=None, metavar=("BASE", "HEAD"),
                         help="print two result files of the same cases side by side (e.g. a change's kernels against "
                              "the base revision's, each run in its own process of one call; benchmarks/device_ab.sh) "
