@@ -122,6 +122,17 @@ def tile_inverse(C: int, P: int, method: str):
                         X_a[p, i, j % BLOCK] = Xd[p * NB + i // BLOCK, i % BLOCK, j % BLOCK]
 
     @T.macro
+    def half_inverse(h, Xh, Xd, Lo):
+        """Xh <- X_hh = [[X_2h, 0], [X_10 of half h, X_2h+1]], the inverse of 32 half h, block by block (row runs of
+        16, no selects). A macro, not a loop over (X00, X11): a loop target would rename the buffer it binds, and
+        the two buffers' generated names (so the kernel cache's keys) would then vary between processes."""
+        for p, r, c in T.Parallel(P, BLOCK, BLOCK):
+            Xh[p, r, c] = Xd[p * NB + 2 * h, r, c]
+            Xh[p, r, BLOCK + c] = 0.0
+            Xh[p, BLOCK + r, c] = Lo[p * 2 + h, r, c]
+            Xh[p, BLOCK + r, BLOCK + c] = Xd[p * NB + 2 * h + 1, r, c]
+
+    @T.macro
     def invert(Xd, Lo, M10, X00, X11, F32, T16, col, Q_a, Q_b, X_a, F, out_s, tx):
         # level 0: the P * NB diagonal 16x16 blocks
         if method == "blocked":
@@ -168,13 +179,8 @@ def tile_inverse(C: int, P: int, method: str):
 
         # level 2: X_10 = -X_11 M_10 X_00 between the two 32 halves
         if C == 64:
-            # X_hh = [[X_2h, 0], [X_10 of half h, X_2h+1]], block by block (row runs of 16, no selects)
-            for h, Xh in ((0, X00), (1, X11)):
-                for p, r, c in T.Parallel(P, BLOCK, BLOCK):
-                    Xh[p, r, c] = Xd[p * NB + 2 * h, r, c]
-                    Xh[p, r, BLOCK + c] = 0.0
-                    Xh[p, BLOCK + r, c] = Lo[p * 2 + h, r, c]
-                    Xh[p, BLOCK + r, BLOCK + c] = Xd[p * NB + 2 * h + 1, r, c]
+            half_inverse(0, X00, Xd, Lo)
+            half_inverse(1, X11, Xd, Lo)
             for p in T.unroll(P):
                 T.gemm(X11[p, :, :], M10[p, :, :], F32, clear_accum=True)
                 T.copy(F32, M10[p, :, :])
