@@ -189,8 +189,8 @@ def time_eager(fn: Callable[[dict[str, Any]], Any], input_sets: list[dict[str, A
             fn(x)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     times, host = [], []
+    torch.cuda.synchronize()  # each replay then starts on an idle device (the one before it waited for its end)
     for _ in range(replays):
-        torch.cuda.synchronize()
         start.record()
         began = time.perf_counter()
         for x in input_sets:
