@@ -6,15 +6,13 @@ eight layouts of the README's call 1 (tilela_solve and tilela_solve64) and in te
 """
 
 import sys
-import time
-from concurrent.futures import ProcessPoolExecutor
 
 import torch
 
 sys.path[:0] = ["src"]
 from tilela.bench.gdn import _serving_mix  # noqa: E402
 from tilela.kernels import hopper  # noqa: E402
-from tilela.kernels.hopper import launch  # noqa: E402
+from tilela.precompile import Job, compile_jobs  # noqa: E402
 
 BENCH = [((8192,), 16, 64), ((8192,) * 4, 32, 32), ((8192,) * 4, 16, 64), ((1024,) * 8, 32, 32),
          (tuple(_serving_mix()), 16, 32), ((28672, 4096), 8, 24), ((32768,), 32, 32), ((512,), 16, 32)]
@@ -55,18 +53,15 @@ def configurations():
     return sorted(found, key=str)
 
 
-def compile_one(cfg):
-    t0 = time.time()
-    try:
-        launch.compiled(launch.STATE_PASSES[cfg.kernel], *cfg.args, warp_specialized=True)
-        return cfg.args, time.time() - t0, None
-    except Exception as exc:  # noqa: BLE001 - reported per configuration
-        return cfg.args, time.time() - t0, str(exc)[-300:]
+def job(cfg):
+    """tilela.precompile's job of a ws PassConfig (its compile_one takes the tiles after the switches)."""
+    return Job("ws", (cfg.K, cfg.V, cfg.gate, cfg.delta, cfg.dtype, cfg.beta_dtype,
+                      (cfg.is_varlen, cfg.use_initial_state, cfg.store_final_state), *cfg.tiles),
+               frozenset({"chunk_gated_delta_rule"}), cfg.dtype, cfg.K)
 
 
 if __name__ == "__main__":
-    todo = configurations()
+    todo = [job(cfg) for cfg in configurations()]
     print(len(todo), "configurations")
-    with ProcessPoolExecutor(int(sys.argv[1]) if len(sys.argv) > 1 else 2) as pool:
-        for args, seconds, error in pool.map(compile_one, todo):
-            print(args[-5:], args[:3], f"{seconds:.0f}s", error or "", flush=True)
+    for result in compile_jobs(todo, int(sys.argv[1]) if len(sys.argv) > 1 else 2):
+        print(result.job.config, f"{result.seconds:.0f}s", result.error or "", flush=True)
