@@ -100,6 +100,26 @@ def test_check_inputs_are_what_the_table_says():
     assert x["v"].shape == (1, 194, 2, 64) and x["initial_state"].shape == (3, 2, 64, 64)
 
 
+def test_precompile_ships_every_kernel_the_gdn_bench_plans():
+    """plan_jobs of the op's plan for every GDN bench case (tilela.bench.gdn.op_plan, on 132 SMs and on 78: the
+    split's picks differ) names kernels precompile.jobs() ships, the split's warm-up table, combine and both passes
+    included; a case's kernels are what benchmarks/precompile.py's cases= compiles."""
+    pytest.importorskip("tilelang")
+    from tilela.bench import gdn
+
+    shipped = {(job.kind, job.config) for job in precompile.jobs()}
+    kinds = set()
+    for case in gdn.cases(False):
+        for sms in (132, 78):
+            plan = gdn.op_plan(case, sms)
+            wanted = precompile.plan_jobs(plan)
+            assert {(job.kind, job.config) for job in wanted} <= shipped, case.name
+            assert len(wanted) == len(set(wanted))
+            assert (plan.split is None) == ("combine" not in {job.kind for job in wanted})
+            kinds |= {job.kind for job in wanted}
+    assert kinds == {"kkt", "ws", "combine", "warmup"}
+
+
 def test_precompile_selects_by_op_dtype_and_head_dim(capsys):
     pytest.importorskip("tilelang")
     gdn = precompile.select(["gdn"], ["bfloat16"], [128])

@@ -99,6 +99,22 @@ def jobs() -> list[Job]:
     return out
 
 
+def plan_jobs(plan) -> list[Job]:
+    """The kernels one Hopper plan (kernels.hopper.plan.Plan) launches, as Jobs (ops left empty): its cumsum,
+    kkt_solve, gla_factors, state passes, combine and, under GDN's split, the warm-up table; so the kernels of a
+    given call compile ahead of a device run (benchmarks/precompile.py's cases=), a candidate's own included."""
+    out = [Job(kind, key, frozenset()) for kind, key in (("cumsum", plan.cumsum), ("kkt", plan.kkt),
+                                                         ("gla", plan.factors), ("combine", plan.combine)) if key]
+    for cfg in plan.passes:
+        flags = (cfg.is_varlen, cfg.use_initial_state, cfg.store_final_state)
+        config = (cfg.K, cfg.V, cfg.gate, cfg.delta, cfg.dtype, cfg.beta_dtype, flags, *cfg.tiles) \
+            if cfg.kernel == "ws" else (cfg.K, cfg.gate, cfg.delta, cfg.dtype, cfg.beta_dtype, flags, cfg.tiles[3])
+        out.append(Job("ws" if cfg.kernel == "ws" else "chunk_fwd", config, frozenset()))
+    if plan.output.warmup:
+        out.append(Job("warmup", (), frozenset()))
+    return list(dict.fromkeys(out))
+
+
 def public_op(name: str) -> str:
     """The public op a --ops name means (a public op name or one of ALIASES)."""
     known = [*ATTENTION_OPS, *PRIMITIVES]

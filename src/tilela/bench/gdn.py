@@ -113,6 +113,19 @@ def _boundaries(lengths):
     return out
 
 
+def op_plan(case, sms: int = 132):
+    """The plan tilela.chunk_gated_delta_rule makes for this case's inputs (bf16 q, k, v; float32 g and beta; an
+    initial state, final states out) on a GPU of `sms` SMs inside a CUDA graph's capture, without a GPU: what
+    precompiling a case's kernels needs."""
+    from tilela.kernels.hopper.plan import make_plan
+
+    p = case.params
+    return make_plan(dtype="bfloat16", beta_dtype="float32", gate_dtype="float32", gate="scalar", delta=True,
+                     H=p["H"], HV=p["HV"], K=p["K"], V=p["V"], lengths=p["lengths"], tokens=sum(p["lengths"]),
+                     varlen=p["varlen"], scale=p["K"] ** -0.5, initial_state=True, output_final_state=True, sms=sms,
+                     graph=True)
+
+
 def _ours(case, x):
     import tilela
 
