@@ -202,6 +202,15 @@ def test_plot_writes_the_charts(tmp_path, capsys):
     assert capsys.readouterr().out.count("written ") == 4
 
 
+def test_chart_titles_name_every_gpu_of_the_merged_files():
+    """Merged result files may come from different GPUs (each case's row is one run): a title names them all."""
+    from tilela.bench.plot import _device
+
+    h100, h200 = ({"device": {"name": name}} for name in ("NVIDIA H100 80GB HBM3", "NVIDIA H200"))
+    assert _device([h200, h100, h200, {}]) == "NVIDIA H200 and NVIDIA H100 80GB HBM3"
+    assert _device([h200]) == "NVIDIA H200" and _device([{}]) == "GPU"
+
+
 def test_plot_without_matplotlib_says_how_to_install(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails
     assert cli.main(["bench", "--plot", RESULTS[0]]) == 2

@@ -60,7 +60,10 @@ def _colors(ours: str, impls: list[str]) -> dict[str, str]:
 
 
 def _device(records: list[dict[str, Any]]) -> str:
-    return next((r["device"]["name"] for r in records if isinstance(r.get("device"), dict)), "GPU")
+    """The GPUs the records were timed on, for a title: every distinct name (merged files may come from several
+    kinds; each case's row is still one run), "GPU" where the records name none."""
+    names = dict.fromkeys(r["device"]["name"] for r in records if isinstance(r.get("device"), dict))
+    return " and ".join(names) or "GPU"
 
 
 def sequence_length(params: dict[str, Any]) -> int | None:
