@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from tilela import reference
 
-from . import Bench, Case, _try_import, ours_variant
+from . import Bench, Case, _try_import, hopper_plan, ours_variant
 
 DIM = 128
 CHUNK = 64
@@ -114,16 +114,16 @@ def _boundaries(lengths):
 
 
 def op_plan(case, sms: int = 132):
-    """The plan tilela.chunk_gated_delta_rule makes for this case's inputs (bf16 q, k, v; float32 g and beta; an
-    initial state, final states out) on a GPU of `sms` SMs inside a CUDA graph's capture, without a GPU: what
-    precompiling a case's kernels needs."""
-    from tilela.kernels.hopper.plan import make_plan
-
+    """The plan the op makes for this case's inputs (hopper_plan on meta tensors of the bench's shapes and dtypes)
+    on a GPU of `sms` SMs inside a CUDA graph's capture, without a GPU: what precompiling a case's kernels needs."""
     p = case.params
-    return make_plan(dtype="bfloat16", beta_dtype="float32", gate_dtype="float32", gate="scalar", delta=True,
-                     H=p["H"], HV=p["HV"], K=p["K"], V=p["V"], lengths=p["lengths"], tokens=sum(p["lengths"]),
-                     varlen=p["varlen"], scale=p["K"] ** -0.5, initial_state=True, output_final_state=True, sms=sms,
-                     graph=True)
+    T, N = sum(p["lengths"]), len(p["lengths"])
+    meta = lambda *shape, dtype=torch.float32: torch.empty(*shape, dtype=dtype, device="meta")  # noqa: E731
+    x = dict(q=meta(1, T, p["H"], p["K"], dtype=torch.bfloat16), v=meta(1, T, p["HV"], p["V"], dtype=torch.bfloat16),
+             g=meta(1, T, p["HV"]), beta=meta(1, T, p["HV"]), initial_state=meta(N, p["HV"], p["K"], p["V"]))
+    if p["varlen"]:
+        x["cu_seqlens"] = meta(N + 1, dtype=torch.int32)
+    return hopper_plan(x, p["lengths"], p["K"], "scalar", sms=sms, graph=True)
 
 
 def _ours(case, x):
