@@ -161,10 +161,12 @@ def _warmup_gate(T, HV, gen):
     return per_token * (0.5 + torch.rand(1, T, HV, generator=gen))
 
 
+@pytest.mark.parametrize("initial", [True, False])
 @pytest.mark.parametrize("segment_chunks", [3, 8])
-def test_warmup_table_kernel_matches_reference(segment_chunks):
+def test_warmup_table_kernel_matches_reference(segment_chunks, initial):
     """warmup.py against reference.warmup_table, entry for entry: varlen with an empty and a 1-token sequence,
-    sequences of up to 47 chunks (several blocks of 16 chunk-end loads), every kind of head."""
+    sequences of up to 47 chunks (several blocks of 16 chunk-end loads), every kind of head, with and without
+    initial states."""
     from tilela.kernels.hopper.launch import launch_warmup
     from tilela.kernels.hopper.seq_split import segment_table
 
@@ -174,16 +176,18 @@ def test_warmup_table_kernel_matches_reference(segment_chunks):
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
     gc = reference.chunk_local_cumsum(g, 64, cu).float()
     table = segment_table(SegmentPlan.of(lengths, segment_chunks), torch.device("cuda"))
-    warm = launch_warmup(gc.cuda(), table.cu_segments, table.first, segment_chunks)
-    ref = reference.warmup_table(gc, table.cu_segments.cpu(), table.first.cpu(), segment_chunks)
+    warm = launch_warmup(gc.cuda(), table.cu_segments, table.first, segment_chunks, initial)
+    ref = reference.warmup_table(gc, table.cu_segments.cpu(), table.first.cpu(), segment_chunks, initial)
     assert torch.equal(warm.cpu().long(), ref)
-    assert (ref[0] >= 1).any() and (ref[0] == -1).any()
+    assert (ref[0] >= 1).any() and (ref[0] == -1).any() and (ref[1] <= -2).any() == initial
 
 
 WARMUP_CASES = {  # GDN's split under the warm-up against the unsplit pass on the same inputs
     "varlen_gva2_seg8": dict(lengths=[3000, 1, 0, 700, 1500], H=4, HV=8, segment_chunks=8),
     "dense_seg3_fp16": dict(lengths=[2000, 2000], H=2, HV=4, segment_chunks=3, dtype=torch.float16),
     "long_seg16_no_h0": dict(lengths=[16384], H=2, HV=8, segment_chunks=16, use_h0=False),
+    "skewed_seg4_no_h0": dict(lengths=[4000] + [100] * 20 + [1, 0], H=2, HV=8, segment_chunks=4, use_h0=False),
+    "skewed_seg4": dict(lengths=[0, 1] + [100] * 20 + [4000], H=2, HV=8, segment_chunks=4),
 }
 
 
@@ -203,7 +207,9 @@ def test_gdn_split_with_warmup_matches_unsplit(name):
     gen = torch.Generator().manual_seed(len(name))
     q, k, v, _, beta, h0 = make_inputs(B, T, H, HV, K, dtype, torch.float32, "decay", len(name))
     g = _warmup_gate(B * T, HV, gen).reshape(B, T, HV)
-    h0 = h0[:1].expand(len(lengths), -1, -1, -1).contiguous() if case.get("use_h0", True) else None
+    # a different initial state per sequence, so that a segment entering from another sequence's would show
+    scales = torch.linspace(0.5, 1.5, len(lengths)).view(-1, 1, 1, 1)
+    h0 = (h0[:1] * scales).contiguous() if case.get("use_h0", True) else None
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()]) if varlen else None
     gc = reference.chunk_local_cumsum(g, 64, cu_seqlens=cu)
     A = reference.kkt_solve(k, beta, g=gc, chunk_size=64, cu_seqlens=cu)
@@ -223,7 +229,8 @@ def test_gdn_split_with_warmup_matches_unsplit(name):
     from tilela.kernels.hopper.seq_split import segment_table
 
     table = segment_table(SegmentPlan.of(lengths, segment_chunks), torch.device("cpu"))
-    warm = reference.warmup_table(gc.float().reshape(1, B * T, HV), table.cu_segments, table.first, segment_chunks)
+    warm = reference.warmup_table(gc.float().reshape(1, B * T, HV), table.cu_segments, table.first, segment_chunks,
+                                  h0 is not None)
     warmed = (warm[0] >= 0).all(0)  # the heads that warm up in every segment
     assert warmed.any() and not warmed.all()
     assert rel_l2(S1[:, warmed], S0[:, warmed]) < 1e-5 and rel_l2(o1[:, :, warmed], o0[:, :, warmed]) < 1e-3

@@ -150,8 +150,8 @@ def test_matrix_combine_matches_transition_entering_states(K, with_h0, with_warm
     """The delta rule's combine (hopper/seq_combine.py's "matrix" kernel over the sequences cut into segments, 40
     and 6 of them, and the copy of the initial states of the others, an empty and a one-token sequence) against its
     float64 stage: transitions of norm about 1 (as a segment's M with the delta
-    rule: contractions but for g = 0 heads); under a warm-up table, the (sequence, head)s it warms up get their
-    first segment's row alone (the reference's other rows are NaN and not compared)."""
+    rule: contractions but for g = 0 heads); under a warm-up table, the (sequence, head)s it warms up (and, as the
+    warm-up kernel makes them, every sequence of one segment) need no row (the reference's are NaN, not compared)."""
     from tilela.kernels.hopper.launch import launch_combine
     from tilela.kernels.hopper.plan import SegmentPlan
     from tilela.kernels.hopper.seq_split import segment_table
@@ -167,14 +167,17 @@ def test_matrix_combine_matches_transition_entering_states(K, with_h0, with_warm
     h0 = torch.randn(len(lengths), HV, K, K, generator=gen) if with_h0 else None
     warm = None
     if with_warm:  # head 1 warms up in every sequence, the others take the transitions
-        warm = torch.full((2, plan.num_segments, HV), -1, dtype=torch.int32)
+        warm = torch.full((3, plan.num_segments, HV), -1, dtype=torch.int32)
         warm[0, :, 1] = 2
+        warm[0, table.single_rows.cpu().long()] = 0  # a sequence of one segment enters from its initial state
     S_in = launch_combine((K, K, "matrix", with_h0, with_warm), BM.cuda(), table,
                           None if h0 is None else h0.cuda(), None if warm is None else warm.cuda())
     ref = reference.transition_entering_states(BM, table.first.cpu(), h0, warm)
     read = ~ref.isnan().any(-1).any(-1)  # the rows the outputs pass reads
     assert rel_l2(S_in.cpu()[read], ref[read]) < 1e-5
-    assert read[:, 1].sum() == (len(lengths) if with_warm else plan.num_segments)
+    assert read[:, 1].sum() == (0 if with_warm else plan.num_segments)
+    if with_warm:  # the transitions' heads of the sequences cut into segments, every row
+        assert read[:, 0].sum() == plan.num_segments - len(table.singles)
 
 
 LADDER = [  # op, gate ("scalar" [B,T,HV] / "channel" [B,T,HV,K] / None), delta rule

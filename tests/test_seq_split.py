@@ -77,7 +77,8 @@ def test_segment_plan_rejects_empty_segments():
     ([8192], 4, "scalar", True, 16),
     ([2048], 8, "scalar", True, None),
     ([28672, 4096], 8, "scalar", True, 32),
-    ([16384] + [128] * 63, 16, "scalar", True, None),  # the long chain first; with g = 0 heads the split loses
+    ([16384] + [128] * 63, 16, "scalar", True, 43),  # the warm-up split moves no state: 0.36 against 0.48 ms
+    ([16384] + [128] * 63, 32, "scalar", True, None),  # the long chain first; twice the heads fill the GPU
     ([1024] * 8, 8, "scalar", True, None),
 ])
 def test_auto_split_splits_only_long_sequences_on_small_grids(lengths, heads, gate, delta, segment_chunks):
@@ -219,18 +220,27 @@ def test_warmup_table_takes_the_fewest_chunks_that_bound_the_past():
     per_token = torch.tensor([-20.0, -10.0, -6.0, 0.0]) / 64
     g = per_token.expand(1, sum(lengths), 4).clone()
     gc = reference.chunk_local_cumsum(g, 64, torch.tensor([0, *accumulate(lengths)])).float()
-    warm = reference.warmup_table(gc, table.cu_segments, table.first, max_chunks=2)
+    warm = reference.warmup_table(gc, table.cu_segments, table.first, max_chunks=2, initial=True)
     assert warm[0].T.tolist() == [[0, 1, 1, 1, 1, 0, 0, 1, 1],
                                   [0, 2, 2, 2, 2, 0, 0, 2, 2],
                                   [-1, -1, -1, -1, 0, 0, -1, -1, 0],  # a sequence's last transition is never read
                                   [-1, -1, -1, -1, 0, 0, -1, -1, 0]]
-    assert warm[1].T.tolist() == [[0, -1, -1, -1, -1, 5, 6, -1, -1],
-                                  [0, -1, -1, -1, -1, 5, 6, -1, -1],
-                                  [0, 1, 2, 3, 4, 5, 6, 7, 8],
-                                  [0, 1, 2, 3, 4, 5, 6, 7, 8]]
+    # a sequence's start is its initial state, h0[n] (initial_row(n) = -2 - n); the transitions' heads enter every
+    # segment of a split sequence from its row of the entering states
+    assert warm[1].T.tolist() == [[-2, -1, -1, -1, -1, -3, -4, -1, -1],
+                                  [-2, -1, -1, -1, -1, -3, -4, -1, -1],
+                                  [0, 1, 2, 3, 4, -3, 6, 7, 8],
+                                  [0, 1, 2, 3, 4, -3, 6, 7, 8]]
+    assert [reference.initial_row(n) for n in range(3)] == [-2, -3, -4]
+    # each sequence's final state: its last segment's; the others' go to rows past the three sequences'
+    assert warm[2].T.tolist() == [[3, 4, 5, 6, 0, 1, 9, 10, 2]] * 4
+    without = reference.warmup_table(gc, table.cu_segments, table.first, max_chunks=2, initial=False)
+    assert without[1].T.tolist()[0] == [-1, -1, -1, -1, -1, -1, -1, -1, -1]  # zero states instead
+    assert torch.equal(without[0], warm[0]) and torch.equal(without[2], warm[2])
     # within reach of the sequence start, a head too weak to bound the warm-up enters from the initial state
-    short = reference.warmup_table(gc[:, :640], table.cu_segments[:3], torch.tensor([0, 2]), max_chunks=2)
-    assert short[:, :, 2].tolist() == [[0, 2], [0, 0]]
+    short = reference.warmup_table(gc[:, :640], table.cu_segments[:3], torch.tensor([0, 2]), max_chunks=2,
+                                   initial=True)
+    assert short[:, :, 2].tolist() == [[0, 2], [-2, -2], [1, 0]]
 
 
 @pytest.mark.parametrize("segment_chunks", [1, 2, 3])
@@ -250,8 +260,8 @@ def test_split_forward_with_warmup_matches_unsplit(segment_chunks):
     scale = 8 ** -0.5
     tables = []
 
-    def warmup(g, cu_segments, first, max_chunks):
-        tables.append(reference.warmup_table(g, cu_segments, first, max_chunks))
+    def warmup(g, cu_segments, first, max_chunks, initial):
+        tables.append(reference.warmup_table(g, cu_segments, first, max_chunks, initial))
         return tables[-1]
 
     def transitions(q, k, v, g_cumsum, beta, A, h0, cu, order, warm):
@@ -259,8 +269,9 @@ def test_split_forward_with_warmup_matches_unsplit(segment_chunks):
         ht[warm[0] >= 0] = float("nan")
         return None, ht
 
-    def outputs(q, k, v, g_cumsum, beta, A, h0, cu, order, warm):
-        return reference.warmup_outputs(q, k, v, p["g"].reshape(1, -1, 3), beta, scale, h0, cu, warm)
+    def outputs(q, k, v, g_cumsum, beta, A, S_in, cu, order, warm, h0):
+        return reference.warmup_outputs(q, k, v, p["g"].reshape(1, -1, 3), beta, scale, S_in, cu, warm, h0,
+                                        len(lengths))
 
     for h0 in (p["initial_state"], None):
         o_ref, S_ref = reference.chunked(**dict(p, initial_state=h0), scale=scale)
@@ -269,8 +280,8 @@ def test_split_forward_with_warmup_matches_unsplit(segment_chunks):
                              warmup)
         torch.testing.assert_close(o, o_ref, rtol=0, atol=1e-6)
         torch.testing.assert_close(S, S_ref, rtol=0, atol=1e-6)
-    warm = tables[-1]  # both paths taken: warm-ups from a zero state, and (sequence, head)s through the transitions
-    assert ((warm[0] >= 1) & (warm[1] == -1)).any() and (warm[0] == -1).any()
+    warm = tables[0]  # every path taken: warm-ups from a zero state and from the initial state, the transitions
+    assert ((warm[0] >= 1) & (warm[1] == -1)).any() and (warm[0] == -1).any() and (warm[1] <= -2).any()
 
 
 def test_split_with_warmup_does_not_depend_on_the_head_sharding():
@@ -289,8 +300,8 @@ def test_split_with_warmup_does_not_depend_on_the_head_sharding():
         h0 = p["initial_state"][:, heads]
         g_raw = x["g"].reshape(1, -1, len(heads))
 
-        def outputs(q, k, v, g_cumsum, beta, A, h0, cu, order, warm):
-            return reference.warmup_outputs(q, k, v, g_raw, beta, scale, h0, cu, warm)
+        def outputs(q, k, v, g_cumsum, beta, A, S_in, cu, order, warm, h0):
+            return reference.warmup_outputs(q, k, v, g_raw, beta, scale, S_in, cu, warm, h0, len(lengths))
 
         return split_forward(_extending(_stand_in(x["g"], scale)), outputs, _delta_combine,
                              x["q"], x["k"], x["v"],

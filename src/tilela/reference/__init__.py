@@ -16,12 +16,12 @@ from .kkt import kkt_solve
 from .recurrent import recurrent
 from .seq_in_grid import seq_in_grid
 from .seq_in_loop import seq_in_loop
-from .seq_split import (WARMUP_BOUND, entering_states, seq_split, transition_entering_states, warmup_outputs,
-                        warmup_table)
+from .seq_split import (WARMUP_BOUND, entering_states, initial_row, seq_split, transition_entering_states,
+                        warmup_outputs, warmup_table)
 
 __all__ = [
     "recurrent", "chunked", "seq_in_grid", "seq_in_loop", "seq_split", "entering_states", "transition_entering_states",
-    "warmup_table", "warmup_outputs", "WARMUP_BOUND", "chunk_local_cumsum", "kkt_solve",
+    "warmup_table", "warmup_outputs", "initial_row", "WARMUP_BOUND", "chunk_local_cumsum", "kkt_solve",
     "row_forward_inplace", "blocked_inverse", "flat_block_inverse", "neumann_inverse_16", "solve_unit_lower",
     "inverse_cost",
 ]

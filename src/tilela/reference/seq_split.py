@@ -68,8 +68,8 @@ def transition_entering_states(BM, first, h0, warm=None):
     """Step 2 with the delta rule, over a segment table: S_in [S, HV, K, V] float64, segment j's entering state. BM
     [S, HV, K, V + K]: each segment's [B | M] (S_out = M S_in + B); first [N + 1]: sequence n's segments are
     first[n] to first[n + 1] - 1; h0 [N, HV, K, V] or None (zero); warm: the warm-up table (warmup_table) or None.
-    A (sequence, head) the warm-up takes (warm[0] >= 0) needs the entering state of its first segment alone: its
-    other rows are NaN (the outputs pass never reads them)."""
+    A (sequence, head) the warm-up takes (warm[0] >= 0 at its first segment; every sequence of one segment) needs no
+    entering state (the outputs pass starts from zero or from h0 itself): its rows are NaN (none is read)."""
     BM = BM.to(F64)
     K = BM.shape[2]
     V = BM.shape[3] - K
@@ -78,10 +78,10 @@ def transition_entering_states(BM, first, h0, warm=None):
     for n in range(len(first) - 1):
         j0, j1 = first[n], first[n + 1]
         for h in range(BM.shape[1]):
-            S = BM.new_zeros(K, V) if h0 is None else h0[n, h].to(F64)
-            S_in[j0, h] = S
             if warm is not None and warm[0, j0, h] >= 0:
                 continue
+            S = BM.new_zeros(K, V) if h0 is None else h0[n, h].to(F64)
+            S_in[j0, h] = S
             for j in range(j0, j1 - 1):
                 S = BM[j, h, :, V:] @ S + BM[j, h, :, :V]
                 S_in[j + 1, h] = S
@@ -91,64 +91,81 @@ def transition_entering_states(BM, first, h0, warm=None):
 WARMUP_BOUND = -17.0  # summed log decay over a warm-up: e^-17 < 2^-24, fp32's relative rounding
 
 
-def warmup_table(gc, cu_segments, first, max_chunks, chunk_size=64):
-    """The warm-up of every segment and value head as [2, S, HV] int64 (the stage kernels.hopper.warmup computes):
+def initial_row(n: int) -> int:
+    """warmup_table's entering row naming sequence n's initial state (h0[n]) rather than a row of S_in."""
+    return -2 - n
+
+
+def warmup_table(gc, cu_segments, first, max_chunks, initial, chunk_size=64):
+    """The warm-up of every segment and value head as [3, S, HV] int64 (the stage kernels.hopper.warmup computes):
     table[0] the chunks w the outputs pass starts before the segment (-1: the (sequence, head) takes the
-    transitions), table[1] the row of the entering states it starts from (-1: zero). gc [1, T, HV] the chunk-local
-    cumsum of a scalar log gate, summed in float32 in chunk order; cu_segments, first as entering_states'.
+    transitions); table[1] the state it starts from: r >= 0 the row r of the entering states S_in (the combine's),
+    -1 zero, initial_row(n) the call's initial state h0[n]; table[2] the row of the final states ([N + S] rows) the
+    segment's final state goes to: its sequence n at a sequence's last segment, N + j at the others' (rows past the
+    sequences' that no one reads, so that every segment stores without a branch). gc [1, T, HV] the
+    chunk-local cumsum of a scalar log gate, summed in float32 in chunk order; cu_segments, first as
+    entering_states'; initial: whether the call has initial states (else a sequence starts from zero, -1).
 
     Segment j of sequence n, first chunk c0 of its sequence: w = the fewest chunks (1 <= w <= max_chunks) whose
-    summed decay is <= WARMUP_BOUND, from zero (w, -1); else (c0, first[n]) from the sequence's initial state when
-    c0 <= max_chunks; else unbounded, and then every segment j of the (sequence, head) is (-1, j) but its last, which
-    is (0, j): the outputs pass enters it from S_in[j] alike, and the transitions skip it (no entering state reads a
-    sequence's last transition). A first segment is (0, first[n])."""
+    summed decay is <= WARMUP_BOUND, from zero (w, -1); else (c0, the sequence's start) when c0 <= max_chunks; else
+    unbounded, and then every segment j of the (sequence, head) is (-1, j) but its last, which is (0, j): the outputs
+    pass enters it from S_in[j] alike, and the transitions skip it (no entering state reads a sequence's last
+    transition). A first segment is (0, the sequence's start); the sequence's start is initial_row(n) with initial
+    states, else -1."""
     bounds, first = cu_segments.tolist(), first.tolist()
     HV = gc.shape[-1]
-    table = torch.empty(2, len(bounds) - 1, HV, dtype=torch.int64)
-    for n in range(len(first) - 1):
+    table = torch.empty(3, len(bounds) - 1, HV, dtype=torch.int64)
+    N = len(first) - 1
+    for n in range(N):
         j0, j1 = first[n], first[n + 1]
+        start = initial_row(n) if initial else -1
         for h in range(HV):
-            rows = [_warmup(gc[0, :, h].float(), bounds[j], (bounds[j] - bounds[j0]) // chunk_size, j0, max_chunks,
+            rows = [_warmup(gc[0, :, h].float(), bounds[j], (bounds[j] - bounds[j0]) // chunk_size, start, max_chunks,
                             chunk_size) for j in range(j0, j1)]
             if None in rows:
                 rows = [(-1, j) for j in range(j0, j1 - 1)] + [(0, j1 - 1)]
-            table[:, j0:j1, h] = torch.tensor(rows, dtype=torch.int64).T
+            table[:2, j0:j1, h] = torch.tensor(rows, dtype=torch.int64).T
+            table[2, j0:j1, h] = torch.arange(N + j0, N + j1)
+            table[2, j1 - 1, h] = n
     return table
 
 
-def _warmup(gc, start, c0, j0, max_chunks, chunk_size):
+def _warmup(gc, start, c0, sequence_start, max_chunks, chunk_size):
     """(w, entering row) of one segment starting at token start, chunk c0 of its sequence; None: unbounded."""
     total = torch.zeros((), dtype=torch.float32)
     for w in range(1, min(c0, max_chunks) + 1):
         total = total + gc[start - (w - 1) * chunk_size - 1]
         if total <= WARMUP_BOUND:
             return w, -1
-    return (c0, j0) if c0 <= max_chunks else None
+    return (c0, sequence_start) if c0 <= max_chunks else None
 
 
-def warmup_outputs(q, k, v, g, beta, scale, S_in, cu_segments, table, chunk_size=64):
-    """The outputs pass under a warm-up table, float64 (o [1, T, HV, V], final states [S, HV, K, V]): segment s and
-    value head h run from table[0, s, h] chunks before the segment (0 where it is -1) from S_in[table[1, s, h]] (zero
-    where -1) to the segment's end; o keeps the segment's own rows. Inputs in the varlen layout [1, T, ...], g the
-    raw scalar log gate (a warm-up starts at a chunk boundary of the sequence, so its chunk-local cumsum is the
-    call's)."""
+def warmup_outputs(q, k, v, g, beta, scale, S_in, cu_segments, table, h0, sequences, chunk_size=64):
+    """The outputs pass under a warm-up table, float64 (o [1, T, HV, V], final states [sequences, HV, K, V]):
+    segment s and value head h run from table[0, s, h] chunks before the segment (0 where it is -1) from the state
+    table[1, s, h] names (S_in's row, zero, or h0's row: warmup_table) to the segment's end; o keeps the segment's
+    own rows, and the final state goes to row table[2, s, h] of [sequences + S] rows, of which the first sequences
+    are returned. Inputs in the varlen layout [1, T, ...], g the raw scalar log gate (a warm-up starts at a chunk
+    boundary of the sequence, so its chunk-local cumsum is the call's); h0 [sequences, HV, K, V] the call's initial
+    states or None."""
     bounds = cu_segments.tolist()
     HV, V = v.shape[2:]
     group = HV // q.shape[2]
     o = torch.zeros(v.shape, dtype=F64)
-    final = torch.zeros(len(bounds) - 1, HV, q.shape[-1], V, dtype=F64)
+    final = torch.zeros(sequences + len(bounds) - 1, HV, q.shape[-1], V, dtype=F64)
     for s, (bos, eos) in enumerate(zip(bounds[:-1], bounds[1:])):
         for h in range(HV):
-            w, row = (int(x) for x in table[:, s, h])
+            w, row, out = (int(x) for x in table[:, s, h])
             t0 = bos - max(w, 0) * chunk_size
             heads = slice(h // group, h // group + 1)
-            h0 = None if row < 0 else S_in[row, h : h + 1][None]
+            entering = S_in[row] if row >= 0 else None if row == -1 else h0[-2 - row]
+            start = None if entering is None else entering[h : h + 1][None]
             o_h, final_h = chunked(q[:, t0:eos, heads], k[:, t0:eos, heads], v[:, t0:eos, h : h + 1],
                                    None if g is None else g[:, t0:eos, h : h + 1], beta[:, t0:eos, h : h + 1], scale,
-                                   h0, chunk_size=chunk_size)
+                                   start, chunk_size=chunk_size)
             o[:, bos:eos, h] = o_h[:, bos - t0 :, 0]
-            final[s, h] = final_h[0, 0]
-    return o, final
+            final[out, h] = final_h[0, 0]
+    return o, final[:sequences]
 
 
 def seq_split(q, k, v, g=None, beta=None, scale=None, initial_state=None, cu_seqlens=None, chunk_size=64,

@@ -78,8 +78,9 @@ q, Qg and P rows past the end stay: they reach only output rows, which are not s
 Bounds: every global access is in bounds by construction for the inputs the launcher passes, so the pass compiles
 without TileLang's per-access bounds tests (launch.GUARDED): TMA zero-fills a tile's rows past a tensor's end; the
 gate warp's rows are clamped into the sequence and its chunks to the last (a CTA of an empty sequence runs none); the
-warm-up starts within the sequence (warmup.py: w <= the segment's first chunk) from the row of h0 its table names
-(the transitions' states); o's rows are tested against the sequence end (a whole chunk stored without a test per
+warm-up starts within the sequence (warmup.py: w <= the segment's first chunk) from the row of h0 (the entering
+states) or h_init (the initial states) its table names, and stores the final state at the table's row of ht (its
+sequence's); o's rows are tested against the sequence end (a whole chunk stored without a test per
 row; under the warm-up only the chunks from the segment's first row on are stored); cu_seqlens (non-decreasing up
 to the token count: checked at the public boundary), the launch order (a permutation of the sequences), the
 warm-up table, h0 and ht are read at the CTA's own sequence and head.
@@ -349,9 +350,10 @@ def chunk_fwd_ws_kernel(
     output group (its warps idle, o is not written): the state pass alone, as the sequence split's transitions need
     it.
     warmup (varlen, the sequence split's passes with the warm-up table in warm, hopper/warmup.py): with output, a
-    segment's CTA starts warm[0] chunks before it (none where -1) from h0[warm[1]] (zero where -1) and stores o
-    from the segment's first row; without output, a CTA whose warm[0] is not -1 runs no chunk (its entering state
-    comes from the warm-up)."""
+    segment's CTA starts warm[0] chunks before it (none where -1) from h0[warm[1]] (zero where -1, the call's
+    initial state h_init[-2 - warm[1]] where below), stores o from the segment's first row and its final state at
+    ht[warm[2]] (a sequence's at its last segment; the others' at rows no one reads); without output, a CTA whose
+    warm[0] is not -1 runs no chunk (its entering state comes from the warm-up)."""
     if warmup and not is_varlen:
         raise ValueError("warmup: the warm-up table indexes the split's segments, a varlen layout; got is_varlen=False")
     if warmup and gate == "channel":  # D's tile slots are the segments'; a warm-up would read them shifted
@@ -424,12 +426,30 @@ def chunk_fwd_ws_kernel(
             T.copy(h0[n, bh, 0:K, v0 : v0 + cols], S_f)
 
     @T.macro
-    def initial_state(cta, S_f, h0, v0, cols):
-        """S_f <- the entering state of columns v0 ... v0 + cols (S^T under cfg.transposed): the warm-up's h0 row
-        (zero where none), h0, the transitions' [0 | I] or zero."""
+    def store_state(S_f, ht, n, bh, v0, cols):
+        """Columns v0 ... v0 + cols of state n of ht <- S_f (S^T under cfg.transposed)."""
+        if cfg.transposed:
+            for j, i in T.Parallel(cols, K):
+                ht[n, bh, i, v0 + j] = S_f[j, i]
+        else:
+            T.copy(S_f, ht[n, bh, 0:K, v0 : v0 + cols])
+
+    @T.macro
+    def final_state(cta, S_f, ht, v0, cols):
+        """The final state of columns v0 ... v0 + cols into ht: at the CTA's sequence, or under the warm-up with
+        output at the table's row (read after the chunk loop, so that no register holds it through the loop; every
+        segment has one, so the store takes no branch)."""
+        store_state(S_f, ht, cta.warm[2, cta.bn, cta.bh] if warmup and store_output else cta.bn, cta.bh, v0, cols)
+
+    @T.macro
+    def initial_state(cta, S_f, h0, h_init, v0, cols):
+        """S_f <- the entering state of columns v0 ... v0 + cols (S^T under cfg.transposed): the state the warm-up
+        table names (h0's row, h_init's row, or zero), h0, the transitions' [0 | I] or zero."""
         if warmup and store_output:
             if cta.h0_row >= 0:
                 load_state(S_f, h0, cta.h0_row, cta.bh, v0, cols)
+            elif cta.h0_row <= -2:
+                load_state(S_f, h_init, -2 - cta.h0_row, cta.bh, v0, cols)
             else:
                 T.clear(S_f)
         elif use_initial_state:
@@ -441,10 +461,10 @@ def chunk_fwd_ws_kernel(
             T.clear(S_f)
 
     @T.macro
-    def state_group(smem, cta, S_f, h0, ht):
+    def state_group(smem, cta, S_f, h0, ht, h_init):
         """S for the whole sequence: per chunk, hand its 16-bit copy to S_s, decay S, add K^T Vd (or K^T V)."""
         decay = T.alloc_local([1], accum)
-        initial_state(cta, S_f, h0, cta.v0, block_DV)
+        initial_state(cta, S_f, h0, h_init, cta.v0, block_DV)
         for c in T.serial(cta.n_chunks):
             slot = inputs.slot(c)
             T.barrier_wait(smem.loaded[slot], inputs.ready_parity(c))
@@ -467,7 +487,7 @@ def chunk_fwd_ws_kernel(
                 T.barrier_arrive(smem.Vd_read[Vd_ring.slot(c)])
             T.barrier_arrive(smem.consumed[slot])
         if store_final_state:
-            T.copy(S_f, ht[cta.bn, cta.bh, 0:K, cta.v0 : cta.v0 + block_DV])
+            final_state(cta, S_f, ht, cta.v0, block_DV)
 
     @T.macro
     def value_group(smem, cta, KS_f, Vn_f):
@@ -501,7 +521,7 @@ def chunk_fwd_ws_kernel(
             T.barrier_arrive(smem.consumed[slot])
 
     @T.macro
-    def chain_group(smem, cta, j0, S_f, R_f, Vn_f, S16, R16, Vd16, h0, ht):
+    def chain_group(smem, cta, j0, S_f, R_f, Vn_f, S16, R16, Vd16, h0, ht, h_init):
         """The whole recurrence for columns j0 ... j0 + block_DV / chains of the DV block (cfg.chains): per chunk,
         S's 16-bit copy to its part of S_s, K S -> R = beta (V - exp(gc) K S) -> Vnew = A R -> Vd = exp(gc_last - gc)
         Vnew, S <- exp(gc_last) S + K^T Vd; Vnew to its part of Vnew_s.
@@ -511,7 +531,7 @@ def chunk_fwd_ws_kernel(
         K S reads its columns of S_s, and R and then Vd pass through its part of V in v_s (over V)."""
         cols = block_DV // cfg.chains
         decay = T.alloc_local([1], accum)
-        initial_state(cta, S_f, h0, cta.v0 + j0, cols)
+        initial_state(cta, S_f, h0, h_init, cta.v0 + j0, cols)
         for c in T.serial(cta.n_chunks):
             slot, s = inputs.slot(c), S_ring.slot(c)
             T.barrier_wait(smem.loaded[slot], inputs.ready_parity(c))
@@ -547,11 +567,7 @@ def chunk_fwd_ws_kernel(
                 publish(smem, Vn_ring, c, Vn_f, smem.Vn_s, j0, cols)
             T.barrier_arrive(smem.consumed[slot])
         if store_final_state:
-            if cfg.transposed:
-                for j, i in T.Parallel(cols, K):
-                    ht[cta.bn, cta.bh, i, cta.v0 + j0 + j] = S_f[j, i]
-            else:
-                T.copy(S_f, ht[cta.bn, cta.bh, 0:K, cta.v0 + j0 : cta.v0 + j0 + cols])
+            final_state(cta, S_f, ht, cta.v0 + j0, cols)
 
     @T.macro
     def output_chunk(c, P_s, P_f, O_f, smem, o, bb, bh, v0, t_start, t_out, t_end):
@@ -735,7 +751,7 @@ def chunk_fwd_ws_kernel(
     @T.prim_func
     def chunk_fwd_ws(q: sig.q, k: sig.k, v: sig.v, g: sig.g, beta: sig.beta, A: sig.A, h0: sig.h0,
                      cu_seqlens: sig.cu_seqlens, o: sig.o, ht: sig.ht, kg: sig.kg, P: sig.P, warm: sig.warm,
-                     order: sig.order):
+                     order: sig.order, h_init: sig.h_init):
         with T.Kernel(cfg.NV, HV, (NS1 - 1) if is_varlen else B, threads=4 * GROUP) as (bv, bh, bz):
             bn = T.alloc_var("int32")
             bn = sequence_of(sig, order, bz) if is_varlen else bz
@@ -796,20 +812,20 @@ def chunk_fwd_ws_kernel(
             if warmup and not store_output:  # the transitions of the (sequence, head)s the warm-up leaves exact
                 n_chunks = T.if_then_else(warm[0, bn, bh] < 0, n_chunks, 0)
             cta = SimpleNamespace(bb=bb, bn=bn, bh=bh, hq=hq, v0=v0, t_start=t_start, t_out=t_out, t_end=t_end,
-                                  tile0=tile0, n_chunks=n_chunks, h0_row=h0_row)
+                                  tile0=tile0, n_chunks=n_chunks, h0_row=h0_row, warm=warm)
 
             tx = T.get_thread_binding()
             if tx < GROUP:  # state, or the first chain group
                 if cfg.chains:
                     T.set_max_nreg(CHAIN_REGS, 1)
-                    chain_group(smem, cta, 0, *parts[0], h0, ht)
+                    chain_group(smem, cta, 0, *parts[0], h0, ht, h_init)
                 else:
                     T.set_max_nreg(STATE_REGS, 1)
-                    state_group(smem, cta, S_f, h0, ht)
+                    state_group(smem, cta, S_f, h0, ht, h_init)
             elif tx < 2 * GROUP:  # value, or the second chain group
                 if cfg.chains == 2:
                     T.set_max_nreg(CHAIN_REGS, 1)
-                    chain_group(smem, cta, part, *parts[1], h0, ht)
+                    chain_group(smem, cta, part, *parts[1], h0, ht, h_init)
                 elif cfg.two_output_groups:
                     T.set_max_nreg(VALUE_REGS, 1)
                     output_group(0, P2_f, O2_f, smem, cta, o)

@@ -195,8 +195,8 @@ def extended_value(K, V):
 def state_pass_contract(K, V, gate, delta, dtype, beta_dtype, scores=False, warmup=False, chunk=TILE):
     """The launch contract both state/output passes (hopper/chunk_fwd.py, hopper/chunk_fwd_ws.py) compile against,
     as a namespace: the dynamic sizes B, Tn, H, HV, NS1 (batch, tokens, q/k heads, value heads, len(cu_seqlens))
-    and the tensor types of the fourteen arguments, in order q, k, v, g, beta, A, h0, cu_seqlens, o, ht, kg, P,
-    warm, order.
+    and the tensor types of the fifteen arguments, in order q, k, v, g, beta, A, h0, cu_seqlens, o, ht, kg, P,
+    warm, order, h_init.
     Arguments a configuration does not read (g without a gate; beta and A for the plain update; kg and P without
     the factors, so always on chunk_fwd.py, which forms the per-channel gate's products itself) are one-element
     placeholders.
@@ -205,14 +205,17 @@ def state_pass_contract(K, V, gate, delta, dtype, beta_dtype, scores=False, warm
     common.locate_tile's, floor(cu[n] / 64) + n + c, dense n ceil(Tn / 64) + c), P the intra-chunk scores [B, Tn,
     HV, 64] and, with the delta rule (KDA), kg = K ⊙ exp(gc) [B, Tn, HV, K] and Ab = A diag(beta) in A (beta then
     unread).
-    warmup: the sequence split's warm-up table (hopper/warmup.py) in warm, [2, sequences, HV] int32: the chunks a
-    segment's pass starts early (-1: none) and the row of h0 it enters from (-1: zero).
+    warmup: the sequence split's warm-up table (hopper/warmup.py) in warm, [3, sequences, HV] int32: the chunks a
+    segment's pass starts early (-1: none), the state it enters from (r >= 0: h0's row r, the split's entering
+    states; -1: zero; -2 - n: h_init's row n, the call's initial state of sequence n) and the row of ht its final
+    state goes to (n at sequence n's last segment, past the sequences' rows elsewhere); h_init [N, HV, K, V] fp32 (a one-element placeholder without the warm-up or an initial
+    state).
     order (varlen): the launch order of the sequences, [N] int32 (plan.launch_order: longest chains first, so that
     a skewed batch's long chains start in the first wave), or a one-element placeholder: batch order. The grid walks
     (V blocks, value heads, sequences), the sequences slowest (sequence_of).
     V = 2K (the delta rule's split transitions, hopper/chunk_fwd_ws.py): v and o have K columns, the pass extends
     the value to [V | 0] itself; h0 and ht have V."""
-    B, Tn, H, HV, N0, N1, NS1, NSL, NW, NO = T.dynamic("B, Tn, H, HV, N0, N1, NS1, NSL, NW, NO")
+    B, Tn, H, HV, N0, N1, NS1, NSL, NW, NO, NI = T.dynamic("B, Tn, H, HV, N0, N1, NS1, NSL, NW, NO, NI")
     accum = "float32"
     V_in = K if extended_value(K, V) else V  # the value's columns in memory
     g_shape = [NSL, HV, K] if scores else {"none": [1], "scalar": [B, Tn, HV], "channel": [B, Tn, HV, K]}[gate]
@@ -230,8 +233,9 @@ def state_pass_contract(K, V, gate, delta, dtype, beta_dtype, scores=False, warm
         ht=T.Tensor([N1, HV, K, V], accum),
         kg=T.Tensor([B, Tn, HV, K] if scores and delta else [1], dtype),
         P=T.Tensor([B, Tn, HV, TILE] if scores else [1], dtype),
-        warm=T.Tensor([2, NW, HV] if warmup else [1], "int32"),
+        warm=T.Tensor([3, NW, HV] if warmup else [1], "int32"),
         order=T.Tensor([NO], "int32"),
+        h_init=T.Tensor([NI, HV, K, V] if warmup else [1], accum),
     )
 
 

@@ -191,13 +191,16 @@ def launch_factors(key: tuple, q: torch.Tensor, k: torch.Tensor, g: torch.Tensor
     return Qg, Kd, Kg, P, Ab, D
 
 
-def launch_state_pass(cfg, q, k, v, g, beta, A, h0, cu, N, kg=None, P=None, warm=None, order=None, o=None, ht=None):
+def launch_state_pass(cfg, q, k, v, g, beta, A, h0, cu, N, kg=None, P=None, warm=None, order=None, o=None, ht=None,
+                      h_init=None):
     """One state/output launch of PassConfig cfg over N sequences: (o like v, final state [N, HV, K, V] fp32 or
-    None), written into o and ht where they are given (contiguous views will do). Inputs a configuration does not
-    read (g without a gate; beta and A for the plain update; kg and P but after gla_factors, beta after gla_factors'
-    Ab; warm but under the split's warm-up) and h0 without an initial state are placeholders, as is order (the
-    sequences' launch order, int32 [N]) for the batch order; o is allocated (the launch contract fixes its shape)
-    but, without the output group, not written."""
+    None), written into o and ht where they are given (contiguous views will do; under the warm-up ht's rows are the
+    table's, so the outputs pass's caller gives it). Inputs a configuration does not read (g without a gate; beta
+    and A for the plain update; kg and P but after gla_factors, beta after gla_factors' Ab; warm and h_init, the
+    call's initial states, but under the split's warm-up, where h_init is ht, unread, without them) and h0 without
+    an initial state are placeholders, as is
+    order (the sequences' launch order, int32 [N]) for the batch order; o is allocated (the launch contract fixes its
+    shape) but, without the output group, not written."""
     HV = v.shape[2]
     dev = v.device
     o = torch.empty_like(v) if o is None else o
@@ -209,15 +212,16 @@ def launch_state_pass(cfg, q, k, v, g, beta, A, h0, cu, N, kg=None, P=None, warm
     kernel(q, k, v, ph if g is None else g, ph if beta is None else beta, half if A is None else A,
            ht if h0 is None else h0, cu, o, ht, half if kg is None else kg, half if P is None else P,
            placeholder(dev, torch.int32) if warm is None else warm, placeholder(dev, torch.int32) if order is None
-           else order)
+           else order, h_init if h_init is not None else ht if cfg.warmup else ph)
     return o, (ht if cfg.store_final_state else None)
 
 
-def launch_warmup(gc, cu_segments, first, max_chunks: int):
-    """The split's warm-up table [2, S, HV] int32 (warmup.py) from the scalar gate's chunk-local cumsum gc [1, T,
-    HV] and the segment table's cu_segments and first; warm-ups of at most max_chunks chunks."""
-    table = torch.empty(2, cu_segments.shape[0] - 1, gc.shape[-1], device=gc.device, dtype=torch.int32)
-    compiled(warmup_table_kernel)(gc, cu_segments, first, table, int(max_chunks))
+def launch_warmup(gc, cu_segments, first, max_chunks: int, initial: bool):
+    """The split's warm-up table [3, S, HV] int32 (warmup.py) from the scalar gate's chunk-local cumsum gc [1, T,
+    HV] and the segment table's cu_segments and first; warm-ups of at most max_chunks chunks; initial: whether the
+    call has initial states (the table then names them as the sequences' starts)."""
+    table = torch.empty(3, cu_segments.shape[0] - 1, gc.shape[-1], device=gc.device, dtype=torch.int32)
+    compiled(warmup_table_kernel)(gc, cu_segments, first, table, int(max_chunks), int(initial))
     return table
 
 
@@ -228,15 +232,16 @@ def launch_combine(key: tuple, B_seg, *args):
     segment table's cu_segments and first, and h0 [N, HV, K, V] (or None).
     Delta rule (transition "matrix"), launch_combine(key, BM, table, h0, warm): S_in [S, HV, K, V] fp32 from the
     transitions' [B | M] [S, HV, K, V + K], the SegmentTable (the kernel over its split sequences; the others'
-    rows, their initial states, copied), h0 (or None) and the warm-up table (or None)."""
+    rows, their initial states, copied, but under the warm-up, where the outputs pass reads the initial states
+    itself and no row of theirs), h0 (or None) and the warm-up table (or None)."""
     kernel = compiled(seq_combine_kernel, *key)
     if key[2] == "matrix":
         table, h0, warm = args
         S_in = B_seg.new_empty(*B_seg.shape[:3], key[1])
         if table.split.numel():
-            warm = placeholder(B_seg.device, torch.int32) if warm is None else warm
-            kernel(B_seg, table.first, table.split, S_in if h0 is None else h0, warm, S_in)
-        if table.singles.numel():
+            kernel(B_seg, table.first, table.split, S_in if h0 is None else h0,
+                   placeholder(B_seg.device, torch.int32) if warm is None else warm, S_in)
+        if table.singles.numel() and warm is None:
             rows = table.single_rows.long()
             if h0 is None:
                 S_in.index_fill_(0, rows, 0.0)
@@ -341,9 +346,16 @@ def _split(plan: Plan, q, k, v, g, beta, A, h0, kg=None, P=None):
     kg, P = (None, None) if kg is None else (flat(kg), flat(P))
 
     def run(cfg):
-        def state_pass(q, k, v, g, beta, A, h0, cu, order, warm=None):
-            return launch_state_pass(cfg, q, k, v, g if D is None else D, beta, A, h0, cu, cu.shape[0] - 1, kg, P,
-                                     warm=warm, order=order)
+        def state_pass(q, k, v, g, beta, A, h0, cu, order, warm=None, h_init=None):
+            segments = cu.shape[0] - 1
+            if not (cfg.warmup and cfg.store_output and cfg.store_final_state):
+                return launch_state_pass(cfg, q, k, v, g if D is None else D, beta, A, h0, cu, segments, kg, P,
+                                         warm=warm, order=order, h_init=h_init)
+            N = len(plan.split.lengths)  # the table's rows: the sequences' final states, then one per segment
+            ht = v.new_empty(N + segments, v.shape[2], cfg.K, cfg.V, dtype=torch.float32)
+            o, _ = launch_state_pass(cfg, q, k, v, g if D is None else D, beta, A, h0, cu, segments, kg, P,
+                                     warm=warm, order=order, ht=ht, h_init=h_init)
+            return o, ht[:N]
         return state_pass
 
     combine = functools.partial(launch_combine, plan.combine)

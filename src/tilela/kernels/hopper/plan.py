@@ -263,20 +263,21 @@ def modelled_ms(lengths, heads: int, sms: int, split: SegmentPlan | None, K: int
     warmed = warmup and unbounded < 1  # some heads start their outputs early
     outputs = _pass_ms(K, K, heads, Chains.of(lengths, split.segment_chunks, WARMUP_CHUNKS) if warmed else segments,
                        sms, True, rule)
-    return transitions + outputs + SPLIT_FIXED_MS[delta] + _combine_ms(split, heads, K, delta)
+    return transitions + outputs + SPLIT_FIXED_MS[delta] + _combine_ms(split, heads, K, delta, warmup)
 
 
-def _combine_ms(split: SegmentPlan, heads: int, K: int, delta: bool) -> float:
+def _combine_ms(split: SegmentPlan, heads: int, K: int, delta: bool, warmup: bool) -> float:
     """The combine's steps (one per segment past a sequence's first, serial within a sequence), with the delta rule
     each at least its products' time over the sequences cut into more than one segment and the value heads
-    (V = K), and its state copies: the single-segment sequences' initial states in, every sequence's final state
-    out where there are several."""
+    (V = K), and without the warm-up its state copies: the single-segment sequences' initial states in, every
+    sequence's final state out where there are several (under the warm-up the outputs pass reads and writes
+    them in place)."""
     steps = split.max_per_sequence - 1
     if not delta:
         return steps * COMBINE_STEP_MS[False]
     pairs = split.num_split * heads
     N = len(split.lengths)
-    copied = (N - split.num_split) + (N if N > 1 else 0)  # states of heads x K x K fp32, read and written
+    copied = 0 if warmup else (N - split.num_split) + (N if N > 1 else 0)  # states of heads x K x K fp32, in and out
     return (steps * max(COMBINE_STEP_MS[True], 1e3 * pairs * 2 * K**3 / COMBINE_FP32_FLOPS)
             + 1e3 * copied * heads * K * K * 4 * 2 / STATE_COPY_BYTES_PER_S)
 

@@ -22,9 +22,10 @@ delta rule (transition "matrix"): the transitions' pass gives [B_j | M_j] (K x (
     S_in(first_n)  = h0_n (0 without an initial state)
     S_in(j + 1)    = M_j S_in(j) + B_j                       in fp32 on the CUDA cores (exact to its rounding)
 
-Under GDN's warm-up a (sequence, head) the table warms up (warm[0] >= 0 at its first segment) needs its first
-segment's row alone: its CTAs stop there. Grid (V / COLUMNS, M, HV) over the M sequences cut into more than one
-segment (the segment table's split; a sequence in one segment is its initial state, which the launcher copies),
+Under GDN's warm-up a (sequence, head) the table warms up (warm[0] >= 0 at its first segment) needs no entering
+state (the outputs pass reads the initial state itself): its CTAs stop after the first row. Grid (V / COLUMNS, M,
+HV) over the M sequences cut into more than one segment (the segment table's split; a sequence in one segment
+enters from its initial state, which the launcher copies, or under the warm-up the outputs pass reads),
 K threads: thread r owns row r of COLUMNS columns of the state; the CTA stages M_j in shared memory (rows padded by
 VEC floats, so that the threads' 16-byte reads of their rows fall in distinct banks) one step ahead through
 cp.async (M_j does not depend on the state; B_j comes ahead into registers too), keeps the state's columns there,
@@ -125,7 +126,7 @@ def _matrix_combine(K: int, V: int, use_initial_state: bool, warmup: bool) -> T.
         first: T.Tensor((N1,), "int32"),
         split: T.Tensor((M,), "int32"),
         h0: T.Tensor((N0, HV, K, V), accum),
-        warm: T.Tensor((2, NW, HV) if warmup else (1,), "int32"),
+        warm: T.Tensor((3, NW, HV) if warmup else (1,), "int32"),
         S_in: T.Tensor((S, HV, K, V), accum),
     ):
         with T.Kernel(V // COLUMNS, M, HV, threads=K) as (bv, bm, bh):

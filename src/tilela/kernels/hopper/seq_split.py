@@ -18,7 +18,9 @@ WARMUP_BOUND (e^-17, under fp32's rounding); where every segment of a (sequence,
 most a segment's chunks, its transitions' CTAs run no chunk and its outputs' CTAs start that many chunks early from
 a zero state (or from the sequence's initial state where the warm-up reaches it), storing o from the segment on.
 The other (sequence, head)s (g = 0 heads, decays too weak) take steps 1-3 as above. Decided on the device from the
-gate, so the split stays exact to fp32 rounding and capturable, with one launch more.
+gate, so the split stays exact to fp32 rounding and capturable, with one launch more. The table also names the
+initial state a segment starts from and the sequence whose final state a segment's is, so the outputs pass reads
+the call's initial states and writes its final states itself: the warm-up split moves no state besides.
 
 Segments begin at chunk boundaries of their sequence, so the chunk-local gc and A are those of the unsplit call, and
 so are KDA's factors (gla_factors.py), which launch.forward computes over the segments' tiles: their decays D are
@@ -26,7 +28,8 @@ indexed by tile slot, and both passes take the segments as their sequences. An e
 segment (its final state is its initial state). The segment table comes from the
 plan's host lengths in one non-blocking copy from pinned memory (host_tables.py), so nothing synchronises with the
 host: the split is four launches (copy, transitions, combine, outputs), five under the warm-up, and with the delta
-rule a gather of the final states where the call has several sequences. Both passes launch the segments longest
+rule without the warm-up the initial states of the sequences left in one segment copied into the entering states
+and a gather of the final states where the call has several sequences. Both passes launch the segments longest
 first (the table's order), so that a skewed batch's long chains start in the first wave.
 
 The split is an input transform: the passes it drives are ordinary varlen state passes whose sequences are the
@@ -108,14 +111,18 @@ def split_forward(transitions, outputs, combine, q, k, v, g, beta, A, initial_st
     the delta rule, the final states when asked for). combine: step 2 (launch.launch_combine on the GPU, the
     reference's elsewhere): under the plain update combine(B, g, cu_segments, first, h0) -> (S_in, final)
     (reference.entering_states), with the delta rule combine(BM, table, h0, warm) -> S_in, table the SegmentTable
-    (reference.transition_entering_states on table.first). warmup(g, cu_segments, first, max_chunks) -> table: the
-    delta rule's warm-up table (launch.launch_warmup on the GPU, reference.warmup_table elsewhere; max_chunks the
-    segment's chunks), which the delta rule's transitions, combine and outputs then take, warm; None: no warm-up.
+    (reference.transition_entering_states on table.first). warmup(g, cu_segments, first, max_chunks, initial) ->
+    table: the delta rule's warm-up table (launch.launch_warmup on the GPU, reference.warmup_table elsewhere;
+    max_chunks the segment's chunks, initial whether there are initial states), which the delta rule's transitions,
+    combine and outputs then take, warm; None: no warm-up. Under the warm-up the outputs pass also takes the
+    initial states, `outputs(..., order, warm, h0) -> (o, final states [N, HV, K, V])`: the table names the initial
+    state a segment starts from and the sequence whose final state a segment's is.
 
     Plain update: the transitions from a zero state give B, the combine S_in and the final states. Delta rule: the
     transitions on [V | 0] from [0 | I] give [B | M], the combine S_in per segment (serial over a sequence's
     segments, S_in[j + 1] = M[j] S_in[j] + B[j]; the first segment's alone for a (sequence, head) the warm-up
-    takes), the outputs pass o and each segment's final state, of which a sequence's last is its own."""
+    takes), the outputs pass o and each segment's final state, of which a sequence's last is its own (under the
+    warm-up the outputs pass reads the initial states and stores the sequences' final states itself)."""
     B, Tn, HV, V = v.shape
     q1, k1, v1, g1, beta1, A1 = (None if x is None else x.reshape(1, B * Tn, *x.shape[2:])
                                  for x in (q, k, v, g, beta, A))
@@ -126,11 +133,15 @@ def split_forward(transitions, outputs, combine, q, k, v, g, beta, A, initial_st
         o, _ = outputs(q1, k1, v1, g1, beta1, A1, S_in, table.cu_segments, table.order)
         return o.view(B, Tn, HV, V), (final if output_final_state else None)
 
-    warm = None if warmup is None else warmup(g1, table.cu_segments, table.first, split.segment_chunks)
-    extra = () if warm is None else (warm,)
-    _, BM = transitions(q1, k1, v1, g1, beta1, A1, None, table.cu_segments, table.order, *extra)
-    S_in = combine(BM, table, initial_state, warm)
-    o, ht = outputs(q1, k1, v1, g1, beta1, A1, S_in, table.cu_segments, table.order, *extra)
+    if warmup is not None:
+        warm = warmup(g1, table.cu_segments, table.first, split.segment_chunks, initial_state is not None)
+        _, BM = transitions(q1, k1, v1, g1, beta1, A1, None, table.cu_segments, table.order, warm)
+        S_in = combine(BM, table, initial_state, warm)
+        o, final = outputs(q1, k1, v1, g1, beta1, A1, S_in, table.cu_segments, table.order, warm, initial_state)
+        return o.view(B, Tn, HV, V), (final if output_final_state else None)
+    _, BM = transitions(q1, k1, v1, g1, beta1, A1, None, table.cu_segments, table.order)
+    S_in = combine(BM, table, initial_state, None)
+    o, ht = outputs(q1, k1, v1, g1, beta1, A1, S_in, table.cu_segments, table.order)
     # one sequence (a long-context call): its last segment's state is the last row, no gather
     final = None if not output_final_state else ht[-1:] if len(split.lengths) == 1 else ht.index_select(0, table.last)
     return o.view(B, Tn, HV, V), final

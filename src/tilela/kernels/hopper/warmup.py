@@ -2,18 +2,23 @@
 reference.seq_split.warmup_table:
 
     d_c  = gc at the last token of chunk c (chunk c's summed log decay)
+    start_n = initial_row(n) = -2 - n with initial states (the outputs pass reads h0[n] itself), else -1 (zero)
     for segment j of sequence n, its first chunk c0 of the sequence, value head h:
       w_j = the fewest chunks w >= 1 with d_{c0-w} + ... + d_{c0-1} <= WARMUP_BOUND, if w <= max_chunks:
             the outputs pass enters it from a zero state w chunks back (table (w, -1)): what that drops of the
             past is scaled by exp(the sum) <= e^-17 < 2^-24 (with ||I - beta k k^T|| <= 1), below fp32's rounding
-      else w_j = c0 from the sequence's initial state, if c0 <= max_chunks: exact (table (c0, first[n]))
+      else w_j = c0 from the sequence's initial state, if c0 <= max_chunks: exact (table (c0, start_n))
       else unbounded
-    a sequence's first segment: (0, first[n]); a (sequence, head) with an unbounded segment: (-1, j) for each of
+    a sequence's first segment: (0, start_n); a (sequence, head) with an unbounded segment: (-1, j) for each of
     its segments j but the last, (0, j) there (the transitions' pass and the combine give its entering states,
     exactly; no entering state reads the last segment's transition, so its transitions' CTA runs no chunk)
+    table[2]: n at a sequence's last segment (the outputs pass stores its final state as the sequence's), else
+             N + j (a row past the N sequences' that no one reads: every segment's CTA stores without a branch)
 
-table[0] holds w (-1: the transitions), table[1] the row of the entering states S_in the outputs pass starts from
-(-1: zero). The sums run in float32 in chunk order, as the reference's.
+table[0] holds w (-1: the transitions), table[1] the state the outputs pass starts from (a row of the entering
+states S_in, -1: zero, -2 - n: the initial state h0[n]), table[2] the row of the final states ([N + S] rows,
+the first N the sequences'). The sums run in
+float32 in chunk order, as the reference's.
 
 Grid (N, HV), 128 threads: thread t takes segments first[n] + t, + 128, ...; the chunk-end loads of its window
 UNROLL at a time, all issued before the sums that use them (rows clamped into the tensor; the ones past the window
@@ -30,7 +35,8 @@ UNROLL = 16  # chunk-end loads in flight per thread
 
 
 def warmup_table_kernel() -> T.PrimFunc:
-    """Build the prim_func; tokens, value heads, segment and sequence counts and max_chunks are symbolic."""
+    """Build the prim_func; tokens, value heads, segment and sequence counts, max_chunks and initial (1: the call has
+    initial states) are symbolic."""
     Tn, HV, S, S1, N1 = T.dynamic("Tn, HV, S, S1, N1")
 
     @T.prim_func
@@ -38,14 +44,16 @@ def warmup_table_kernel() -> T.PrimFunc:
         gc: T.Tensor((1, Tn, HV), "float32"),
         cu_segments: T.Tensor((S1,), "int32"),
         first: T.Tensor((N1,), "int32"),
-        table: T.Tensor((2, S, HV), "int32"),
+        table: T.Tensor((3, S, HV), "int32"),
         max_chunks: T.int32,
+        initial: T.int32,
     ):
         with T.Kernel(N1 - 1, HV, threads=THREADS) as (bn, bh):
             tid = T.get_thread_binding()
             j0 = first[bn]
             count = first[bn + 1] - j0
             bos = cu_segments[j0]
+            start_row = T.if_then_else(initial > 0, -2 - bn, -1)
             ends = T.alloc_local((UNROLL,), "float32")
             total = T.alloc_var("float32")
             w = T.alloc_var("int32")
@@ -63,7 +71,7 @@ def warmup_table_kernel() -> T.PrimFunc:
                     c0 = (start - bos) // C
                     reach = T.min(c0, max_chunks)
                     total = 0.0
-                    row = j0
+                    row = start_row
                     if c0 > 0:
                         w = -1
                         for b in T.serial(T.ceildiv(reach, UNROLL)):
@@ -80,6 +88,7 @@ def warmup_table_kernel() -> T.PrimFunc:
                             w = c0
                     table[0, j, bh] = w
                     table[1, j, bh] = row
+                    table[2, j, bh] = T.if_then_else(block * THREADS + tid == count - 1, bn, N1 - 1 + j)
                 unbounded = unbounded + T.syncthreads_or(w < 0)
             if unbounded > 0:
                 for block in T.serial(T.ceildiv(count, THREADS)):
