@@ -198,9 +198,8 @@ def launch_state_pass(cfg, q, k, v, g, beta, A, h0, cu, N, kg=None, P=None, warm
     table's, so the outputs pass's caller gives it). Inputs a configuration does not read (g without a gate; beta
     and A for the plain update; kg and P but after gla_factors, beta after gla_factors' Ab; warm and h_init, the
     call's initial states, but under the split's warm-up, where h_init is ht, unread, without them) and h0 without
-    an initial state are placeholders, as is
-    order (the sequences' launch order, int32 [N]) for the batch order; o is allocated (the launch contract fixes its
-    shape) but, without the output group, not written."""
+    an initial state are placeholders, as is order (the sequences' launch order, int32 [N]) for the batch order; o is
+    allocated (the launch contract fixes its shape) but, without the output group, not written."""
     HV = v.shape[2]
     dev = v.device
     o = torch.empty_like(v) if o is None else o
@@ -347,15 +346,13 @@ def _split(plan: Plan, q, k, v, g, beta, A, h0, kg=None, P=None):
 
     def run(cfg):
         def state_pass(q, k, v, g, beta, A, h0, cu, order, warm=None, h_init=None):
-            segments = cu.shape[0] - 1
-            if not (cfg.warmup and cfg.store_output and cfg.store_final_state):
-                return launch_state_pass(cfg, q, k, v, g if D is None else D, beta, A, h0, cu, segments, kg, P,
-                                         warm=warm, order=order, h_init=h_init)
-            N = len(plan.split.lengths)  # the table's rows: the sequences' final states, then one per segment
-            ht = v.new_empty(N + segments, v.shape[2], cfg.K, cfg.V, dtype=torch.float32)
-            o, _ = launch_state_pass(cfg, q, k, v, g if D is None else D, beta, A, h0, cu, segments, kg, P,
-                                     warm=warm, order=order, ht=ht, h_init=h_init)
-            return o, ht[:N]
+            segments, N = cu.shape[0] - 1, len(plan.split.lengths)
+            # under the warm-up the outputs store at the table's rows: the sequences' final states, one per segment
+            rows = cfg.warmup and cfg.store_output and cfg.store_final_state
+            ht = v.new_empty(N + segments, v.shape[2], cfg.K, cfg.V, dtype=torch.float32) if rows else None
+            o, ht = launch_state_pass(cfg, q, k, v, g if D is None else D, beta, A, h0, cu, segments, kg, P,
+                                      warm=warm, order=order, ht=ht, h_init=h_init)
+            return o, (ht[:N] if rows else ht)
         return state_pass
 
     combine = functools.partial(launch_combine, plan.combine)

@@ -17,8 +17,7 @@ reference.seq_split.warmup_table:
 
 table[0] holds w (-1: the transitions), table[1] the state the outputs pass starts from (a row of the entering
 states S_in, -1: zero, -2 - n: the initial state h0[n]), table[2] the row of the final states ([N + S] rows,
-the first N the sequences'). The sums run in
-float32 in chunk order, as the reference's.
+the first N the sequences'). The sums run in float32 in chunk order, as the reference's.
 
 Grid (N, HV), 128 threads: thread t takes segments first[n] + t, + 128, ...; the chunk-end loads of its window
 UNROLL at a time, all issued before the sums that use them (rows clamped into the tensor; the ones past the window
