@@ -232,8 +232,8 @@ def test_warmup_table_takes_the_fewest_chunks_that_bound_the_past():
                                   [0, 1, 2, 3, 4, -3, 6, 7, 8],
                                   [0, 1, 2, 3, 4, -3, 6, 7, 8]]
     assert [reference.initial_row(n) for n in range(3)] == [-2, -3, -4]
-    # each sequence's final state: its last segment's; the others' go to rows past the three sequences'
-    assert warm[2].T.tolist() == [[3, 4, 5, 6, 0, 1, 9, 10, 2]] * 4
+    # each sequence's final state: its last segment's; the others' go to one row past the three sequences'
+    assert warm[2].T.tolist() == [[3, 3, 3, 3, 0, 1, 3, 3, 2]] * 4
     without = reference.warmup_table(gc, table.cu_segments, table.first, max_chunks=2, initial=False)
     assert without[1].T.tolist()[0] == [-1, -1, -1, -1, -1, -1, -1, -1, -1]  # zero states instead
     assert torch.equal(without[0], warm[0]) and torch.equal(without[2], warm[2])

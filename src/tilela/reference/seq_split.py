@@ -100,8 +100,8 @@ def warmup_table(gc, cu_segments, first, max_chunks, initial, chunk_size=64):
     """The warm-up of every segment and value head as [3, S, HV] int64 (the stage kernels.hopper.warmup computes):
     table[0] the chunks w the outputs pass starts before the segment (-1: the (sequence, head) takes the
     transitions); table[1] the state it starts from: r >= 0 the row r of the entering states S_in (the combine's),
-    -1 zero, initial_row(n) the call's initial state h0[n]; table[2] the row of the final states ([N + S] rows) the
-    segment's final state goes to: its sequence n at a sequence's last segment, N + j at the others' (rows past the
+    -1 zero, initial_row(n) the call's initial state h0[n]; table[2] the row of the final states ([N + 1] rows) the
+    segment's final state goes to: its sequence n at a sequence's last segment, N at the others' (one row past the
     sequences' that no one reads, so that every segment stores without a branch). gc [1, T, HV] the
     chunk-local cumsum of a scalar log gate, summed in float32 in chunk order; cu_segments, first as
     entering_states'; initial: whether the call has initial states (else a sequence starts from zero, -1).
@@ -125,7 +125,7 @@ def warmup_table(gc, cu_segments, first, max_chunks, initial, chunk_size=64):
             if None in rows:
                 rows = [(-1, j) for j in range(j0, j1 - 1)] + [(0, j1 - 1)]
             table[:2, j0:j1, h] = torch.tensor(rows, dtype=torch.int64).T
-            table[2, j0:j1, h] = torch.arange(N + j0, N + j1)
+            table[2, j0:j1, h] = N
             table[2, j1 - 1, h] = n
     return table
 
@@ -144,7 +144,7 @@ def warmup_outputs(q, k, v, g, beta, scale, S_in, cu_segments, table, h0, sequen
     """The outputs pass under a warm-up table, float64 (o [1, T, HV, V], final states [sequences, HV, K, V]):
     segment s and value head h run from table[0, s, h] chunks before the segment (0 where it is -1) from the state
     table[1, s, h] names (S_in's row, zero, or h0's row: warmup_table) to the segment's end; o keeps the segment's
-    own rows, and the final state goes to row table[2, s, h] of [sequences + S] rows, of which the first sequences
+    own rows, and the final state goes to row table[2, s, h] of [sequences + 1] rows, of which the first sequences
     are returned. Inputs in the varlen layout [1, T, ...], g the raw scalar log gate (a warm-up starts at a chunk
     boundary of the sequence, so its chunk-local cumsum is the call's); h0 [sequences, HV, K, V] the call's initial
     states or None."""
@@ -152,7 +152,7 @@ def warmup_outputs(q, k, v, g, beta, scale, S_in, cu_segments, table, h0, sequen
     HV, V = v.shape[2:]
     group = HV // q.shape[2]
     o = torch.zeros(v.shape, dtype=F64)
-    final = torch.zeros(sequences + len(bounds) - 1, HV, q.shape[-1], V, dtype=F64)
+    final = torch.zeros(sequences + 1, HV, q.shape[-1], V, dtype=F64)
     for s, (bos, eos) in enumerate(zip(bounds[:-1], bounds[1:])):
         for h in range(HV):
             w, row, out = (int(x) for x in table[:, s, h])

@@ -347,9 +347,9 @@ def _split(plan: Plan, q, k, v, g, beta, A, h0, kg=None, P=None):
     def run(cfg):
         def state_pass(q, k, v, g, beta, A, h0, cu, order, warm=None, h_init=None):
             segments, N = cu.shape[0] - 1, len(plan.split.lengths)
-            # under the warm-up the outputs store at the table's rows: the sequences' final states, one per segment
+            # under the warm-up the outputs store at the table's rows: the sequences' final states and one no one reads
             rows = cfg.warmup and cfg.store_output and cfg.store_final_state
-            ht = v.new_empty(N + segments, v.shape[2], cfg.K, cfg.V, dtype=torch.float32) if rows else None
+            ht = v.new_empty(N + 1, v.shape[2], cfg.K, cfg.V, dtype=torch.float32) if rows else None
             o, ht = launch_state_pass(cfg, q, k, v, g if D is None else D, beta, A, h0, cu, segments, kg, P,
                                       warm=warm, order=order, ht=ht, h_init=h_init)
             return o, (ht[:N] if rows else ht)

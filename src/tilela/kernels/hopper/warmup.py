@@ -13,10 +13,10 @@ reference.seq_split.warmup_table:
     its segments j but the last, (0, j) there (the transitions' pass and the combine give its entering states,
     exactly; no entering state reads the last segment's transition, so its transitions' CTA runs no chunk)
     table[2]: n at a sequence's last segment (the outputs pass stores its final state as the sequence's), else
-             N + j (a row past the N sequences' that no one reads: every segment's CTA stores without a branch)
+             N (one row past the N sequences' that no one reads: every segment's CTA stores without a branch)
 
 table[0] holds w (-1: the transitions), table[1] the state the outputs pass starts from (a row of the entering
-states S_in, -1: zero, -2 - n: the initial state h0[n]), table[2] the row of the final states ([N + S] rows,
+states S_in, -1: zero, -2 - n: the initial state h0[n]), table[2] the row of the final states ([N + 1] rows,
 the first N the sequences'). The sums run in float32 in chunk order, as the reference's.
 
 Grid (N, HV), 128 threads: thread t takes segments first[n] + t, + 128, ...; the chunk-end loads of its window
@@ -87,7 +87,7 @@ def warmup_table_kernel() -> T.PrimFunc:
                             w = c0
                     table[0, j, bh] = w
                     table[1, j, bh] = row
-                    table[2, j, bh] = T.if_then_else(block * THREADS + tid == count - 1, bn, N1 - 1 + j)
+                    table[2, j, bh] = T.if_then_else(block * THREADS + tid == count - 1, bn, N1 - 1)
                 unbounded = unbounded + T.syncthreads_or(w < 0)
             if unbounded > 0:
                 for block in T.serial(T.ceildiv(count, THREADS)):
