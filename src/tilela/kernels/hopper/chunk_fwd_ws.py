@@ -352,9 +352,8 @@ def chunk_fwd_ws_kernel(
     warmup (varlen, the sequence split's passes with the warm-up table in warm, hopper/warmup.py): with output, a
     segment's CTA starts warm[0] chunks before it (none where -1) from h0[warm[1]] (zero where -1, the call's
     initial state h_init[-2 - warm[1]] where below), stores o from the segment's first row and its final state at
-    ht[warm[2]] (a sequence's at its last segment; the others' at a row no one reads, which they may write at
-    once); without output, a CTA whose
-    warm[0] is not -1 runs no chunk (its entering state comes from the warm-up)."""
+    ht[warm[2]] (a sequence's at its last segment; the others' all at one row no one reads); without output, a CTA
+    whose warm[0] is not -1 runs no chunk (its entering state comes from the warm-up)."""
     if warmup and not is_varlen:
         raise ValueError("warmup: the warm-up table indexes the split's segments, a varlen layout; got is_varlen=False")
     if warmup and gate == "channel":  # D's tile slots are the segments'; a warm-up would read them shifted

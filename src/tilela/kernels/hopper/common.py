@@ -208,8 +208,8 @@ def state_pass_contract(K, V, gate, delta, dtype, beta_dtype, scores=False, warm
     warmup: the sequence split's warm-up table (hopper/warmup.py) in warm, [3, sequences, HV] int32: the chunks a
     segment's pass starts early (-1: none), the state it enters from (r >= 0: h0's row r, the split's entering
     states; -1: zero; -2 - n: h_init's row n, the call's initial state of sequence n) and the row of ht its final
-    state goes to (n at sequence n's last segment, a row past the sequences' elsewhere); h_init [N, HV, K, V] fp32 (a one-element placeholder without the warm-up or an initial
-    state).
+    state goes to (n at sequence n's last segment, a row past the sequences' elsewhere); h_init [N, HV, K, V] fp32
+    (a one-element placeholder without the warm-up or an initial state).
     order (varlen): the launch order of the sequences, [N] int32 (plan.launch_order: longest chains first, so that
     a skewed batch's long chains start in the first wave), or a one-element placeholder: batch order. The grid walks
     (V blocks, value heads, sequences), the sequences slowest (sequence_of).
