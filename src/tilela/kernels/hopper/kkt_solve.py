@@ -28,13 +28,18 @@ recursion of seed 000:
             mantissa of tf32; fp32 accumulation).
 
 The 16x16 blocks live in (n, 17, 16) fp32 shared buffers with a linear layout (the 17-row stride puts two
-neighbouring blocks half a bank row apart). The output is staged in the shared memory of the K slice, dead
+neighbouring blocks half a bank row apart). The K slice arrives by one TMA load (a warp's elected lane; its
+shared-memory swizzle is K K^T's operand layout) where K K^T is formed once a tile, and by the threads' 16-byte loads
+under the per-channel gate (once per value head). The output is staged in the shared memory of the K slice, dead
 after the GEMM, and leaves as 16-byte row stores of the live rows and value heads. Varlen needs no host
 synchronisation: tile slot s belongs to the last sequence n with floor(cu[n] / 64) + n <= s (common.locate_tile: a
 warp's search of cu_seqlens); the grid is an upper bound (floor(T / 64) + N slots) whose surplus slots exit. The
 dense [B, T] layout is the special case dense_len = T.
-Rows past a sequence end are masked (select, not multiply) so any finite or zero padding leaves rows < len exact.
-Every global access is in bounds by construction (K's rows clamped to the sequence, its columns tested against K,
+Rows past a sequence end are masked (select, not multiply): a product entry meets only the two rows it pairs, and
+every entry with a row past the end is selected away, so whatever those rows hold (the next sequence's, by TMA;
+the sequence's last row, clamped, under the per-channel gate) leaves rows < len exact.
+Every global access is in bounds by construction (the TMA load's rows past the tensor end and columns past K
+zero-filled; under the per-channel gate K's rows clamped to the sequence and its columns tested against K,
 the gate and beta read and A and gc written for live rows and value heads only, A_log and dt_bias indexed within
 their lengths, locate_tile's probes within cu_seqlens), so the kernel compiles without TileLang's per-access
 bounds tests (launch.GUARDED).
@@ -258,6 +263,21 @@ def kkt_solve_kernel(chunk: int, method: str, dtype: str, gate: str, pair: int, 
                                        T.cast(0, dtype))
 
     @T.macro
+    def tma_k(k, start, hk, kb, k_s, landed, tx):
+        """k_s <- the tile's rows [start, start + 64) and K columns [kb KSTEP, (kb + 1) KSTEP) of q/k head hk by one
+        TMA load, waited for on `landed` (phase kb % 2; a later step's load starts once every thread has read the
+        slice). Columns past K and rows past the tensor end arrive as zeros; rows past the sequence end hold the next
+        sequence's, whatever their values: a product entry only meets the two rows it pairs, and every entry with a
+        row past the end is selected away (scaled), so they reach nothing a live row reads."""
+        if kb > 0:
+            T.fence_proxy_async()
+            T.sync_threads()
+        if tx < 32:  # one warp: TileLang elects the lane that issues the load
+            T.tma_copy(k[0, start : start + TILE, hk, kb * KSTEP : (kb + 1) * KSTEP], k_s, barrier=landed[0])
+            T.barrier_arrive(landed[0])
+        T.barrier_wait(landed[0], kb % 2)
+
+    @T.macro
     def fetch(beta, g, A_log, dt_bias, G, grp, start, rows, hk, tx, raw):
         """raw <- beta, the scalar gate (g, or the raw gate as float32) and its A_log and dt_bias of row tx % TILE of
         value head tx // TILE of group grp (0 past the sequence end, the q/k head's value heads or its groups), as
@@ -344,6 +364,7 @@ def kkt_solve_kernel(chunk: int, method: str, dtype: str, gate: str, pair: int, 
                     Qr = T.alloc_shared((TILE, KSTEP), score_dtype)  # k_i exp(g_i - R_a(i))
                     Kr = T.alloc_shared((TILE, KSTEP), score_dtype)  # k_j exp(R_a - g_j), j in a's chunk, j < a's end
 
+                k_landed = None if channel else T.alloc_barrier(32)  # tma_k's (a warp arrives), one phase a K step
                 raw = T.alloc_local((4,), ACC)  # fetch's beta, gate, A_log and dt_bias of one row
                 fetch(beta, g, A_log, dt_bias, G, bz * group_steps, start, rows, hk, tx, raw)  # in flight during K K^T
 
@@ -351,7 +372,7 @@ def kkt_solve_kernel(chunk: int, method: str, dtype: str, gate: str, pair: int, 
                 if not channel:
                     T.clear(KK)
                     for kb in T.serial(T.ceildiv(K, KSTEP)):
-                        load_k(k, start, end, hk, kb, k_s)
+                        tma_k(k, start, hk, kb, k_s, k_landed, tx)
                         T.gemm(k_s, k_s, KK, transpose_B=True)
                     for i, j in T.Parallel(TILE, TILE):
                         if i // BLOCK >= j // BLOCK:
