@@ -69,19 +69,22 @@ def entry_points():
                                     initial_state=h0 is not None, output_final_state=output_final_state, varlen=True,
                                     g_input="cumsum" if g_is_cumsum else "raw", kernel=kernel, block_DV=block_DV,
                                     split=segments)
-        return hopper.forward(the_plan, q, k, v, g, beta, h0, cu, A=A if the_plan.kkt and g_is_cumsum else None)
+        # the given A where the plan takes kkt_solve's A on gc (the loop pass); the warp-specialised pass's plan
+        # launches kkt_solve for its Ab = A diag(beta) itself
+        given = the_plan.kkt and g_is_cumsum and not the_plan.kkt[6]
+        return hopper.forward(the_plan, q, k, v, g, beta, h0, cu, A=A if given else None)
 
     def cumsum_in_kernel_gate(key, raw, params, lower_bound, cu):
         return launch.launch_cumsum(key, raw, launch.Schedule.of(raw, cu), lower_bound, params)
 
-    def kkt_solve(k, beta, g, chunk, cu, method="blocked", gate_in=None, params=None):
+    def kkt_solve(k, beta, g, chunk, cu, method="blocked", gate_in=None, params=None, scaled=False):
         """A of the kkt_solve launch on g: gc (scalar [.., HV] or per channel [.., HV, K]), or with gate_in (g dtype,
         form) GDN's raw scalar gate, which the kernel sums in its tiles (params: A_log and dt_bias stacked, None for
-        the log form)."""
+        the log form); scaled: Ab = A diag(beta), the warp-specialised pass's operand."""
         gate = "none" if g is None else ("scalar" if g.dim() == 3 else "channel")
         lengths = [k.shape[1]] * k.shape[0] if cu is None else cu.diff().tolist()
         key, steps = plan.kkt_plan(chunk, method, hopper.DTYPE_NAMES[k.dtype], gate, k.shape[2], beta.shape[2],
-                                   lengths, hopper.multiprocessors(k.device), gate_in)
+                                   lengths, hopper.multiprocessors(k.device), gate_in, scaled)
         return launch.launch_kkt(key, k, beta, g, launch.Schedule.of(k, cu), steps, None, params)[0]
 
     def factors(key, q, k, g, beta, scale, cu, params=None, lower=None):
@@ -101,7 +104,7 @@ def entry_points():
         factors_configs=hopper.GLA_FACTORS_CONFIGS,  # (K, dtype name, gate_in, delta rule)
         cumsum_in_kernel_gate=cumsum_in_kernel_gate,
         cumsum_configs=hopper.CUMSUM_CONFIGS,  # (chunk, g dtype name, gate form)
-        kkt_configs=hopper.KKT_CONFIGS,  # (chunk, method, dtype name, gate, value heads per pass, gate_in)
+        kkt_configs=hopper.KKT_CONFIGS,  # (chunk, method, dtype name, gate, value heads per pass, gate_in, scaled)
     )
 
 
@@ -172,11 +175,12 @@ def jobs(ep, dtypes: list[str]) -> list[tuple[str, str, object]]:
             return (rel_l2(gc, reference.chunk_local_cumsum(apply_gate(raw.double(), form, *params.double(), lower),
                                                             C, x["cu"])),)
         out.append(("cumsum", f"cumsum C{C} {g_dtype} {form}", cumsum))
-    for C, method, dtype_name, gate, pair, gate_in in ep.kkt_configs:
+    for C, method, dtype_name, gate, pair, gate_in, scaled in ep.kkt_configs:
         if {"bfloat16": "bf16", "float16": "fp16"}[dtype_name] not in dtypes:
             continue
 
-        def kkt(C=C, method=method, dtype=getattr(torch, dtype_name), gate=gate, pair=pair, gate_in=gate_in):
+        def kkt(C=C, method=method, dtype=getattr(torch, dtype_name), gate=gate, pair=pair, gate_in=gate_in,
+                scaled=scaled):
             x = make_inputs(128, dtype, G=2 if pair == 2 else 1)
             g = gate_of(x, gate)
             d = cuda(x)
@@ -186,19 +190,20 @@ def jobs(ep, dtypes: list[str]) -> list[tuple[str, str, object]]:
                 params = None if form == "log" else torch.stack((torch.full(raw.shape[2:], math.log(4.0)),
                                                                  torch.full(raw.shape[2:], -3.0)))
                 A = ep.kkt_solve(d["k"], d["beta"], raw.cuda(), C, d["cu"], method, gate_in,
-                                 None if params is None else params.cuda())
+                                 None if params is None else params.cuda(), scaled)
                 g = raw.double() if params is None else apply_gate(raw.double(), form, *params.double(), None)
                 gc = reference.chunk_local_cumsum(g, C, x["cu"])
-                return (rel_l2(A, reference.kkt_solve(x["k"], x["beta"], gc, C, x["cu"])),)
+                return (rel_l2(A, reference.kkt_solve(x["k"], x["beta"], gc, C, x["cu"], beta_columns=scaled)),)
             gc = None if g is None else reference.chunk_local_cumsum(g, C, x["cu"])
-            if gate == "channel":
-                A = ep.kkt_solve(d["k"], d["beta"], gc.float().cuda(), C, d["cu"], method)
+            if gate == "channel" or scaled:  # the launcher: the public op takes neither
+                A = ep.kkt_solve(d["k"], d["beta"], None if gc is None else gc.float().cuda(), C, d["cu"], method,
+                                 scaled=scaled)
             else:
                 A = tilela.kkt_solve(d["k"], d["beta"], None if gc is None else gc.float().cuda(), C, d["cu"],
                                      method=method, cu_seqlens_cpu=x["cu"])
-            return (rel_l2(A, reference.kkt_solve(x["k"], x["beta"], gc, C, x["cu"])),)
+            return (rel_l2(A, reference.kkt_solve(x["k"], x["beta"], gc, C, x["cu"], beta_columns=scaled)),)
         gate_name = gate if gate_in is None else f"{gate} raw {gate_in[0]} {gate_in[1]}"
-        out.append(("kkt", f"kkt C{C} {method} {dtype_name} {gate_name} pair{pair}", kkt))
+        out.append(("kkt", f"kkt C{C} {method} {dtype_name} {gate_name} pair{pair}{' Ab' if scaled else ''}", kkt))
     for K, dtype_name, gate_in, delta in ep.factors_configs:
         if {"bfloat16": "bf16", "float16": "fp16"}[dtype_name] not in dtypes:
             continue

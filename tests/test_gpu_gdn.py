@@ -3,9 +3,9 @@
 smallest grids at K = 128, then 64, 128 from 66 CTAs on; and every block it is built for) and the single-warp-group
 pass (chunk_fwd, every K), and the sequence split.
 
-The plan takes the chunk-local cumsum gc (g_input="cumsum") and hopper.forward A = kkt_solve(...) from the
-reference, rounded to the kernel's input types (gc fp32, A in q's dtype), so the test isolates the state/output
-pass.
+The plan takes the chunk-local cumsum gc (g_input="cumsum") and hopper.forward A = kkt_solve(...) (Ab = A
+diag(beta) for the warp-specialised pass: ut_operand) from the reference, rounded to the kernel's input types (gc
+fp32, A in q's dtype), so the test isolates the state/output pass.
 """
 
 import pytest
@@ -40,6 +40,12 @@ def make_inputs(B, T, H, HV, K, dtype, beta_dtype, gate, seed):
     return q, k, v, g, beta, h0
 
 
+def ut_operand(plan, k, beta, gc, cu):
+    """The UT transform the plan's state pass takes, from the reference: Ab = A diag(beta) for the warp-specialised
+    pass (plan.kkt's scaled), A for the loop pass."""
+    return reference.kkt_solve(k, beta, g=gc, chunk_size=64, cu_seqlens=cu, beta_columns=plan.kkt[6])
+
+
 def run_case(B, T, H, HV, K, dtype=torch.bfloat16, beta_dtype=torch.float32, gate="mixed", cu_seqlens=None,
              use_h0=True, store_ht=True, seed=0, kernel="auto", segment_chunks=None, block_DV=None):
     N = B if cu_seqlens is None else len(cu_seqlens) - 1
@@ -47,17 +53,17 @@ def run_case(B, T, H, HV, K, dtype=torch.bfloat16, beta_dtype=torch.float32, gat
     h0 = h0[:1].expand(N, -1, -1, -1).contiguous() if use_h0 else None
     cu = None if cu_seqlens is None else torch.tensor(cu_seqlens, dtype=torch.int32)
     gc = reference.chunk_local_cumsum(g, 64, cu_seqlens=cu)
-    A = reference.kkt_solve(k, beta, g=gc, chunk_size=64, cu_seqlens=cu)
     scale = K**-0.5
     o_ref, ht_ref = reference.chunked(q, k, v, g=g, beta=beta, scale=scale, initial_state=h0, cu_seqlens=cu)
     lengths = [T] * B if cu_seqlens is None else [e - s for s, e in zip(cu_seqlens[:-1], cu_seqlens[1:])]
-    q, k, v, gc, beta, A = (x.cuda() for x in (q, k, v, gc.float(), beta, A.to(dtype)))
+    qd, kd, vd, gcd, betad = (x.cuda() for x in (q, k, v, gc.float(), beta))
     h0 = None if h0 is None else h0.float().cuda()
-    plan = hopper.plan_call(q, v, gc, beta, scale, gate="scalar", lengths=lengths, initial_state=h0 is not None,
+    plan = hopper.plan_call(qd, vd, gcd, betad, scale, gate="scalar", lengths=lengths, initial_state=h0 is not None,
                             output_final_state=store_ht, varlen=cu is not None, g_input="cumsum", kernel=kernel,
                             block_DV=block_DV,
                             split=None if segment_chunks is None else SegmentPlan.of(lengths, segment_chunks))
-    o, ht = hopper.forward(plan, q, k, v, gc, beta, h0, None if cu is None else cu.cuda(), A=A)
+    A = ut_operand(plan, k, beta, gc, cu).to(dtype).cuda()
+    o, ht = hopper.forward(plan, qd, kd, vd, gcd, betad, h0, None if cu is None else cu.cuda(), A=A)
     torch.cuda.synchronize()
     assert o.dtype == dtype and o.shape == v.shape
     assert torch.isfinite(o).all()
@@ -76,11 +82,11 @@ def test_launch_order_changes_no_result():
     q, k, v, g, beta, h0 = make_inputs(1, T, H, HV, K, torch.bfloat16, torch.float32, "mixed", 5)
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
     gc = reference.chunk_local_cumsum(g, 64, cu_seqlens=cu).float()
-    A = reference.kkt_solve(k, beta, g=gc, chunk_size=64, cu_seqlens=cu).to(torch.bfloat16)
     h0 = h0[:1].expand(len(lengths), -1, -1, -1).contiguous()
-    dev = [x.cuda() for x in (q, k, v, gc, beta, h0, cu, A)]
+    dev = [x.cuda() for x in (q, k, v, gc, beta, h0, cu)]
     plan = hopper.plan_call(dev[0], dev[2], dev[3], dev[4], K**-0.5, gate="scalar", lengths=lengths,
                             initial_state=True, output_final_state=True, varlen=True, g_input="cumsum", split=None)
+    dev.append(ut_operand(plan, k, beta, gc, cu).to(torch.bfloat16).cuda())
     assert plan.order is not None and plan.order[0] == 2
     (o1, S1), (o0, S0) = (hopper.forward(p, *dev[:7], A=dev[7]) for p in (plan, dataclasses.replace(plan, order=None)))
     assert torch.equal(o1, o0) and torch.equal(S1, S0)
@@ -212,9 +218,8 @@ def test_gdn_split_with_warmup_matches_unsplit(name):
     h0 = (h0[:1] * scales).contiguous() if case.get("use_h0", True) else None
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()]) if varlen else None
     gc = reference.chunk_local_cumsum(g, 64, cu_seqlens=cu)
-    A = reference.kkt_solve(k, beta, g=gc, chunk_size=64, cu_seqlens=cu)
     o_ref, ht_ref = reference.chunked(q, k, v, g=g, beta=beta, scale=K**-0.5, initial_state=h0, cu_seqlens=cu)
-    dev = [x.cuda() for x in (q, k, v, gc.float(), beta, A.to(dtype))]
+    dev = [x.cuda() for x in (q, k, v, gc.float(), beta)]
     h0d = None if h0 is None else h0.float().cuda()
     cud = None if cu is None else cu.to(torch.int32).cuda()
     runs = []
@@ -223,7 +228,7 @@ def test_gdn_split_with_warmup_matches_unsplit(name):
                                 initial_state=h0 is not None, output_final_state=True, varlen=varlen,
                                 g_input="cumsum", split=split)
         assert (plan.split is not None and plan.output.warmup) == (split is not None)
-        o, ht = hopper.forward(plan, *dev[:5], h0d, cud, A=dev[5])
+        o, ht = hopper.forward(plan, *dev, h0d, cud, A=ut_operand(plan, k, beta, gc, cu).to(dtype).cuda())
         runs.append((o.float(), ht))
     (o0, S0), (o1, S1) = runs
     from tilela.kernels.hopper.seq_split import segment_table

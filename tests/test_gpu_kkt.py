@@ -228,6 +228,36 @@ def test_kkt_solve_sums_the_scalar_gate(g_dtype, form, heads):
     assert offdiag_err(A, ref, cu) < TOL[torch.bfloat16]
 
 
+@pytest.mark.parametrize("gate", ["none", "strong", "raw"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("heads", [(2, 4, 128), (1, 3, 128), (2, 4, 64)], ids=["pairs", "odd_group", "k64"])
+def test_kkt_solve_scaled(gate, dtype, heads):
+    """Ab = A diag(beta), the warp-specialised pass's operand (plan.kkt's scaled): against the float64 stack's
+    beta_columns, the diagonal (beta of row t's own token) and the rest apart, from gc (no gate, a strong one) and
+    from GDN's raw log gate summed in the tile; varlen with 1-token sequences, two value heads per pass and one, K
+    = 128 and 64."""
+    gen = torch.Generator().manual_seed(len(gate) + heads[1] + heads[2])
+    B, T, cu = layout("varlen", gen)
+    H, HV, K = heads
+    k, beta = make_inputs(B, T, H, HV, K, dtype, gen)
+    g = raw_gate(B, T, HV, "strong" if gate == "raw" else gate, gen)
+    gc = None if g is None else reference.chunk_local_cumsum(g, 64, cu).float()
+    k_dev, cu_dev = k.to(DEV), cu.to(DEV)
+    sched = launch.Schedule.of(k_dev, cu_dev)
+    name = hopper.DTYPE_NAMES[dtype]
+    gate_in = ("float32", "log") if gate == "raw" else None
+    key = plan.kkt_key(64, "blocked", name, "none" if g is None else "scalar", HV // H, gate_in, scaled=True)
+    g_dev = None if g is None else (g if gate == "raw" else gc).float().to(DEV)
+    Ab, _ = launch.launch_kkt(key, k_dev, beta.to(DEV), g_dev, sched, -(-HV // H // key[4]))
+    ref = reference.kkt_solve(k, beta, gc, 64, cu, beta_columns=True)
+    assert Ab.dtype == dtype and Ab.shape == (B, T, HV, 64)
+    assert torch.isfinite(Ab).all()
+    diagonal = chunk_identity(B, T, HV, 64, cu).bool()
+    got = Ab.double().cpu()
+    assert rel_l2(got[diagonal], ref[diagonal]) < TOL[dtype]
+    assert rel_l2(got.masked_fill(diagonal, 0), ref.masked_fill(diagonal, 0)) < TOL[dtype]
+
+
 def test_kkt_solve_large_matches_reference():
     """A prefill-sized dense case: many tiles per head, GVA 2."""
     gen = torch.Generator().manual_seed(3)

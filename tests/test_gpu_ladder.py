@@ -5,7 +5,7 @@ builder produces, also end to end on our kernels (kda_pipeline: the plan from th
 stage sums in its tile); gla_factors alone against reference.chunk_math.gated_factors and reference.kkt.kkt_solve.
 
 The state/output kernel gets the chunk-local cumsum gc (a plan with g_input="cumsum") and, with the delta rule, A =
-kkt_solve(...) from the reference, rounded to the kernel's input types (gc fp32, A in q's dtype), so each test
+kkt_solve(...) (Ab = A diag(beta) for the warp-specialised pass) from the reference, rounded to the kernel's input types (gc fp32, A in q's dtype), so each test
 isolates the state/output pass; under the per-channel gate gla_factors forms A diag(beta), so KDA runs both
 kernels.  Varlen layouts hold
 1-token sequences and lengths that are not multiples of 64; states enter and leave; bf16 and fp16, K = 64 and 128.
@@ -77,7 +77,6 @@ def run_level(level, B, T, H, HV, K, dtype, cu_seqlens=None, use_h0=True, seed=0
     h0 = h0[:1].expand(N, -1, -1, -1).contiguous() if use_h0 else None
     cu = None if cu_seqlens is None else torch.tensor(cu_seqlens, dtype=torch.int32)
     gc = None if g is None else reference.chunk_local_cumsum(g, 64, cu_seqlens=cu)
-    A = reference.kkt_solve(k, beta, g=gc, chunk_size=64, cu_seqlens=cu) if delta and gate != "channel" else None
     scale = K**-0.5
     o_ref, ht_ref = reference.chunked(q, k, v, g=g, beta=beta, scale=scale, initial_state=h0, cu_seqlens=cu)
 
@@ -96,6 +95,10 @@ def run_level(level, B, T, H, HV, K, dtype, cu_seqlens=None, use_h0=True, seed=0
                                                                                                   cu_seqlens[1:])],
                                 initial_state=use_h0, output_final_state=True, varlen=cu is not None,
                                 g_input="raw" if level == "kda_pipeline" else "cumsum", kernel=kernel, split=None)
+        # the UT transform in the plan's form (Ab = A diag(beta) for the warp-specialised pass); KDA's comes from
+        # gla_factors or the plan's kkt_solve
+        A = reference.kkt_solve(k, beta, g=gc, chunk_size=64, cu_seqlens=cu, beta_columns=plan.kkt[6]) \
+            if delta and gate != "channel" else None
         o, ht = hopper.forward(plan, *args, state["initial_state"], state["cu_seqlens"], A=dev(A, dtype))
     torch.cuda.synchronize()
     assert o.dtype == dtype and o.shape == v.shape

@@ -78,15 +78,20 @@ def test_kkt_runs_value_head_groups_side_by_side_on_small_grids(lengths, H, HV, 
     plan = _plan(H=H, HV=HV, lengths=lengths, tokens=sum(lengths), varlen=len(lengths) > 1)
     assert plan.kkt_steps == steps
     # the plan's key and groups are kkt_plan's (the public kkt_solve's launch takes its own from there too)
-    assert P.kkt_plan(64, "blocked", "bfloat16", "scalar", H, HV, lengths, 132, ("float32", "log")) == (plan.kkt, steps)
+    assert P.kkt_plan(64, "blocked", "bfloat16", "scalar", H, HV, lengths, 132, ("float32", "log"),
+                      scaled=True) == (plan.kkt, steps)
     assert _plan(H=H, HV=HV, lengths=lengths, tokens=sum(lengths), gate="channel").kkt_steps is None  # gla_factors
 
 
 def test_gdn_plan_names_its_stages_once():
     plan = _plan(H=2, HV=8, lengths=[2048], tokens=2048)  # kkt_solve sums the gate: no cumsum stage
-    assert plan.cumsum is None and plan.kkt == (64, "blocked", "bfloat16", "scalar", 2, ("float32", "log"))
+    # the warp-specialised pass takes Ab = A diag(beta) (scaled), the loop pass A
+    assert plan.cumsum is None and plan.kkt == (64, "blocked", "bfloat16", "scalar", 2, ("float32", "log"), True)
     gc_in = _plan(H=2, HV=6, lengths=[2048], tokens=2048, g_input="cumsum")
-    assert gc_in.cumsum is None and gc_in.kkt == (64, "blocked", "bfloat16", "scalar", 1, None)
+    assert gc_in.cumsum is None and gc_in.kkt == (64, "blocked", "bfloat16", "scalar", 1, None, True)
+    loop = _plan(H=2, HV=6, lengths=[2048], tokens=2048, kernel="loop")
+    assert loop.passes[0].kernel == "loop" and loop.kkt == (64, "blocked", "bfloat16", "scalar", 1, ("float32", "log"),
+                                                            False)
     simple_gla = _plan(H=2, HV=8, lengths=[2048], tokens=2048, delta=False, beta_dtype=None)
     assert simple_gla.cumsum == (64, "float32", "log") and simple_gla.kkt is None
     assert plan.factors is None and plan.split is None and plan.combine is None
@@ -108,7 +113,8 @@ def test_kda_plan_takes_the_warp_specialised_pass():
     no factors."""
     loop = _plan(gate="channel", kernel="loop", gate_dtype="bfloat16", gate_form="sigmoid")
     assert loop.passes[0].kernel == "loop" and loop.factors is None
-    assert loop.cumsum == (64, "bfloat16", "sigmoid") and loop.kkt == (64, "blocked", "bfloat16", "channel", 1, None)
+    assert loop.cumsum == (64, "bfloat16", "sigmoid") and loop.kkt == (64, "blocked", "bfloat16", "channel", 1, None,
+                                                                        False)
     assert _plan(gate="channel") == _plan(gate="channel", kernel="ws")
     plan = _plan(gate="channel")
     assert plan.cumsum is None and plan.kkt is None
@@ -136,7 +142,8 @@ def test_kda_short_chunk_path_runs_every_stage_at_16(form, gate_dtype):
     long = dict(gate="channel", gate_dtype=gate_dtype, gate_form=form, H=4, HV=4, lengths=[65536], tokens=65536)
     assert _plan(**long).split is not None
     plan = _plan(**long, chunk=16, graph=True)
-    assert plan.cumsum == (16, gate_dtype, form) and plan.kkt == (16, "neumann", "bfloat16", "channel", 1, None)
+    assert plan.cumsum == (16, gate_dtype, form) and plan.kkt == (16, "neumann", "bfloat16", "channel", 1, None,
+                                                                  False)
     assert plan.factors is None and plan.split is None and plan.pipeline is None and plan.combine is None
     (cfg,) = plan.passes
     assert cfg.kernel == "loop" and cfg.tiles == (32, 64, 2, 16) and cfg.gate == "channel" and cfg.delta

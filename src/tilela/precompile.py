@@ -60,10 +60,18 @@ def jobs() -> list[Job]:
     log_cumsum_ops = {SHORT_CHUNK: {kda}, TILE: gated - {gdn}}  # by chunk (16: KDA's short-chunk path)
     out = [Job("cumsum", c, frozenset({"chunk_local_cumsum"}) | log_cumsum_ops.get(c[0], set()) if c[2] == "log"
                else frozenset({kda})) for c in CUMSUM_CONFIGS]
-    out += [Job("kkt", c, frozenset({gdn}) if c[5] else frozenset(
-        {"kkt_solve"} | ({op_of[c[3], True]} if c[:2] == (TILE, "blocked") and c[3] != "scalar" else set())
-        | ({kda} if (c[0], c[1], c[3]) == (SHORT_CHUNK, "neumann", "channel") else set())), dtype=c[2])
-        for c in KKT_CONFIGS]
+    # kkt_solve: GDN's sums the raw gate (Ab for the warp-specialised pass, A for the loop pass); the others read
+    # gc, Ab (scaled) for delta_rule's warp-specialised pass (GDN's on a given gc: tests and benchmarks), A for the
+    # public op, delta_rule's and KDA's loop passes
+    def kkt_ops(c):
+        if c[5]:
+            return frozenset({gdn})
+        if c[6]:
+            return frozenset() if c[3] == "scalar" else frozenset({op_of[c[3], True]})
+        return frozenset({"kkt_solve"} | ({op_of[c[3], True]} if c[:2] == (TILE, "blocked") and c[3] != "scalar"
+                                         else set())
+                         | ({kda} if (c[0], c[1], c[3]) == (SHORT_CHUNK, "neumann", "channel") else set()))
+    out += [Job("kkt", c, kkt_ops(c), dtype=c[2]) for c in KKT_CONFIGS]
     out += [Job("gla", c, frozenset({op_of["channel", c[3]]}), dtype=c[1], K=c[0]) for c in GLA_FACTORS_CONFIGS]
     # by (transition, warm-up): the plain update's gate kinds, the delta rule's [B | M] (GDN's under the warm-up)
     combine_ops = {("none", False): {op_of["none", False]}, ("scalar", False): {op_of["scalar", False]},

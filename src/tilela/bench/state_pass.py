@@ -2,7 +2,8 @@
 each other, so the chunk chain's cost is measured apart from cumsum and kkt_solve (computed once per input set,
 outside the timing).
 
-Implementations on the GDN benchmark's inputs (gdn.make_inputs, with gc and A from our kernels):
+Implementations on the GDN benchmark's inputs (gdn.make_inputs, with gc and A from our kernels: Ab = A diag(beta)
+for the warp-specialised pass, A for the loop pass):
   ws_half    the warp-specialised pass, DV blocks of K / 2
   ws_full    the warp-specialised pass, DV blocks of K
   ws_quarter the warp-specialised pass, DV blocks of K / 4 (twice the CTAs of ws_half, shorter products)
@@ -36,10 +37,18 @@ def cases(quick):
 def make_inputs(case, seed):
     from tilela import ops
 
+    from tilela.kernels import hopper
+    from tilela.kernels.hopper import launch
+
     x = gdn.make_inputs(case, seed)
     cu, cu_cpu = x.get("cu_seqlens"), x.get("cu_seqlens_cpu")
     gc = ops.chunk_local_cumsum(x["g"], gdn.CHUNK, cu, cu_seqlens_cpu=cu_cpu)
-    x.update(gc=gc, A=ops.kkt_solve(x["k"], x["beta"], gc, gdn.CHUNK, cu, cu_seqlens_cpu=cu_cpu))
+    # A for the loop pass (the public op's), Ab = A diag(beta) for the warp-specialised pass (the plan's scaled key)
+    k, p = x["k"], case.params
+    key, steps = hopper.plan.kkt_plan(gdn.CHUNK, "blocked", hopper.DTYPE_NAMES[k.dtype], "scalar", p["H"], p["HV"],
+                                      p["lengths"], hopper.multiprocessors(k.device), scaled=True)
+    Ab, _ = launch.launch_kkt(key, k, x["beta"], gc, launch.Schedule.of(k, cu), steps)
+    x.update(gc=gc, A=ops.kkt_solve(k, x["beta"], gc, gdn.CHUNK, cu, cu_seqlens_cpu=cu_cpu), Ab=Ab)
     return x
 
 
@@ -53,7 +62,7 @@ def _pass(case, x, **options):
     if options.get("split") == "auto" and plan.split is None:
         return None
     _, ht = hopper.forward(plan, x["q"], x["k"], x["v"], x["gc"], x["beta"], x["initial_state"], x.get("cu_seqlens"),
-                           A=x["A"])
+                           A=x["Ab"] if plan.kkt[6] else x["A"])
     return ht
 
 

@@ -6,7 +6,8 @@ with g = gc already the chunk-local cumsum (scalar [B,T,HV] or per-channel [B,T,
 [B,T,HV,C] is row i (t's index in its chunk) of its chunk's A; columns past the chunk's length are 0.
 Chunks restart at sequence starts; value head h uses k head h // G. `inverse` names a routine of
 reference.inverse.INVERSES ("neumann" = blocked recursion with Neumann 16x16 diagonal blocks). beta_columns:
-A diag(beta) instead (column j times beta of the chunk's token j), as the Hopper gla_factors stage writes it for KDA.
+A diag(beta) instead (column j times beta of the chunk's token j), as the Hopper gla_factors stage writes it for KDA
+and kkt_solve's scaled configurations for the warp-specialised pass.
 """
 import torch
 

@@ -44,14 +44,17 @@ GLA_FACTORS_CONFIGS = [(K, d, gate_in, delta) for K in (64, 128) for d in HALF f
 SEQ_COMBINE_CONFIGS = [(K, K, gate, h0, warm) for K in (64, 128) for h0 in (False, True)
                        for gate, warm in (("none", False), ("scalar", False), ("matrix", False), ("matrix", True))]
 L2NORM_CONFIGS = [(K, d) for K in L2NORM_DIMS for d in HALF]
+# kkt_solve: A for the loop pass and the public op, and at chunk 64 Ab (scaled) for the warp-specialised pass
 KKT_CONFIGS = [
-    (C, m, d, gate, pair, None)
+    (C, m, d, gate, pair, gate_in, scaled)
     for C, m in KKT_METHODS
     for d in HALF
     for gate in ("none", "scalar", "channel")
     for pair in ((1,) if gate == "channel" else (1, 2))
-] + [(CHUNK, "blocked", d, "scalar", pair, (gd, form)) for d in HALF for pair in (1, 2) for gd in GATE_DTYPES
-     for form in GDN_FORMS]
+    for gate_in in (None, *(((gd, form) for gd in GATE_DTYPES for form in GDN_FORMS)
+                            if (C, m, gate) == (CHUNK, "blocked", "scalar") else ()))
+    for scaled in ((False, True) if (C, m) == (CHUNK, "blocked") and gate != "channel" else (False,))
+]
 
 
 @functools.lru_cache(maxsize=None)

@@ -6,7 +6,8 @@ It computes the per-chunk identity of chunk_fwd.py and mirrors the same referenc
 (reference.chunk_math.chunk_forward, over each sequence's chunks in order as reference.seq_in_loop runs it). With a
 scalar gate or none:
 
-    Vnew = A diag(beta) (V - exp(gc) ⊙ (K S))         delta rule (A = kkt_solve output)
+    Vnew = Ab V - Ab (exp(gc) ⊙ (K S))                delta rule (Ab = A diag(beta): kkt_solve's scaled output;
+                                                       the reference's U - W S, U = Ab V, W = Ab (exp(gc) ⊙ K))
     Vnew = V                                           plain update
     O    = scale [exp(gc) ⊙ (Q S) + tril_incl(exp(gc_i - gc_j) ⊙ Q K^T) Vnew]
     S   <- exp(gc_last) S + K^T Vd,                    Vd = exp(gc_last - gc) ⊙ Vnew
@@ -26,10 +27,10 @@ Warp groups, one macro each in chunk_fwd_ws_kernel (as in FlashAttention 3's hop
 producer, state and value the mainloop, output the epilogue):
     state   (threads   0-127)  S in fp32 registers for the whole sequence; per chunk it hands its 16-bit copy to
                                S_s, decays S and adds K^T Vd (K^T V from the input slots where Vd = V)
-    value   (threads 128-255)  delta rule: K S -> R = beta (V - exp(gc) K S) (in place of V) -> Vnew = A R -> Vd_s,
-                               then Vnew_s; under the per-channel gate U = Ab V before S is ready, then Kg S ->
-                               -Kg S (in place of V) -> Vnew = U + Ab (-Kg S) -> Vnew_s, which is Vd too; plain
-                               update without output: Vd_s; plain update with output: the output of the even
+    value   (threads 128-255)  delta rule: K S -> V - exp(gc) K S (in place of V) -> Vnew = Ab (V - exp(gc) K S)
+                               -> Vd_s, then Vnew_s; under the per-channel gate U = Ab V before S is ready, then
+                               Kg S -> -Kg S (in place of V) -> Vnew = U + Ab (-Kg S) -> Vnew_s, which is Vd too;
+                               plain update without output: Vd_s; plain update with output: the output of the even
                                chunks; plain update without output or Vd_s: idle
     output  (threads 256-383)  P = Q K^T (before S is ready; loaded with a per-channel gate), Q S, O = ... + P Vnew,
                                stores O (of the odd chunks where the value group takes the even ones); without
@@ -38,11 +39,12 @@ producer, state and value the mainloop, output the epilogue):
                                128 (WsConfig.chains; GDN's and delta_rule's passes, the split's outputs pass
                                included): in place of state and value, one group per 64 columns of the block (two
                                halves at DV block K = 64) each running the state's and the value's work for its
-                               columns (each chain is independent of the other); at 64 columns transposed (S^T, R^T,
-                               Vnew^T in registers: each product's left operand from registers, K and A from shared
-                               memory; WsConfig.transposed); one chain group leaves the value group's warps idle
+                               columns (each chain is independent of the other); at 64 columns transposed (S^T, X^T,
+                               Vnew^T in registers: the recurrence's products take their left operand from
+                               registers, K and Ab from shared memory; WsConfig.transposed); one chain group leaves
+                               the value group's warps idle
     load    (threads 384-511)  TMA warp: q (for the output), k, v, A (delta rule), P and Kg (per-channel gate);
-                               gate warp: gc, beta (or the chunk's D)
+                               gate warp: gc (or the chunk's D)
                                loaded GATE_AHEAD chunks ahead into registers, written with exp(gc), exp(gc_last - gc)
                                and the rows' end mask; a last chunk's tail rows zeroed (Tails, below);
                                the other two warps write Vd_s where the value group is an output group, else idle
@@ -51,16 +53,16 @@ Hand-overs (Ring): a buffer of n slots, chunk c in slot c % n, one mbarrier pair
 the slot holds chunk c (a reader waits parity (c // n) % 2), "free" when its readers are done with it (the writer of
 chunk c waits parity (c // n + 1) % 2, which a fresh barrier passes: the first n chunks do not wait):
     ready / free         writer -> readers               buffer                     n
-    loaded / consumed    load -> the chunk's readers     q, k, v, A, gc, beta (D)   2 to 4, 3 delta rule (stages)
+    loaded / consumed    load -> the chunk's readers     q, k, v, Ab, gc (D)        2 to 4, 3 delta rule (stages)
     landed               TMA warp -> gate warp           a last chunk's tail bufs   per slot (loaded[n + s]), once
     S_ready / S_read     state -> value, output          S_s                        2
                          (the chain groups -> output)
     Vd_ready / Vd_read   value or Vd writers -> state    Vd_s                       1 delta rule, 2 plain update
-                         (none with chain groups: each writes Vd over its R and reads it back, or holds Vd^T)
+                         (none with chain groups: each writes Vd over its X and reads it back, or holds Vd^T)
     Vn_ready / Vn_read   value -> output (and state)     Vnew_s (delta rule)        2 to block_DV = 64, 1 above,
                          (the chain groups -> output)                               2 with chain groups
-The recurrence's critical path is S_s -> K S -> A R -> K^T Vd -> S_s (S_s -> Kg S -> Ab (-Kg S) -> K^T Vnew -> S_s
-under the per-channel gate; S^T -> S^T K^T -> R^T A^T -> Vd^T K -> S^T in registers in the transposed chain groups,
+The recurrence's critical path is S_s -> K S -> Ab X -> K^T Vd -> S_s (S_s -> Kg S -> Ab (-Kg S) -> K^T Vnew -> S_s
+under the per-channel gate; S^T -> S^T K^T -> X^T Ab^T -> Vd^T K -> S^T in registers in the transposed chain groups,
 with S_s and Vnew_s written beside it, holding S^T and Vnew^T). P = Q K^T, Q S, P Vnew and the store run
 beside it in the output group, a chunk behind at most (two S_s slots: the state never waits for Q S of the chunk it
 just left), and the next chunk's loads beside both.
@@ -68,12 +70,12 @@ just left), and the next chunk's loads beside both.
 Tails: the 64-row tiles of a sequence's last chunk hold the following sequences' rows (or TMA zeros past the tensor
 end). The TMA warp loads that chunk's tail buffers (k, v, A, Kg) on the slot's "landed" barrier; the gate warp waits
 for them, zeroes their rows past the sequence end and only then marks the slot loaded, so no product a valid row
-takes (K S, Kg S, A R, K^T Vd, K^T V, P V, P Vnew) meets another sequence's values (0 x NaN is NaN: a mask by
-multiplication would let a non-finite input cross). The column side needs exact zeros too, and has them: A's entries
-above the diagonal (kkt_solve.py) and P's (the causal select here, gla_factors.py under the per-channel gate); Ab's
-columns past the sequence end are zero too (gla_factors.py). The
-q, Qg and P rows past the end stay: they reach only output rows, which are not stored. beta = 0 and exp(gc_last - gc)
-= 0 there too, and gc is clamped to the last valid row.
+takes (K S, Kg S, Ab V, Ab X, K^T Vd, K^T V, P V, P Vnew) meets another sequence's values (0 x NaN is NaN: a mask
+by multiplication would let a non-finite input cross); X's rows there are zero (K's are). The column side needs exact
+zeros too, and has them: Ab's entries above the diagonal (kkt_solve.py), so its columns past the sequence end for
+every live row, and P's (the causal select here, gla_factors.py under the per-channel gate). The q, Qg and P rows
+past the end stay: they reach only output rows, which are not stored. exp(gc_last - gc) = 0 there too, and gc is
+clamped to the last valid row.
 
 Bounds: every global access is in bounds by construction for the inputs the launcher passes, so the pass compiles
 without TileLang's per-access bounds tests (launch.GUARDED): TMA zero-fills a tile's rows past a tensor's end; the
@@ -93,8 +95,7 @@ Glossary:
     vd             the plain update through a written Vd_s (scalar gate); update_rule's key "vd"
     pingpong       (WsConfig.two_output_groups) the plain update with output: the value group, without products of
                    its own, is a second output group; the two take alternate chunks
-    input slots    the loaded / consumed ring's buffers: q_s, k_s, kg_s, v_s, A_s, Pg_s, g_s, eg_s, ed_s, beta_s,
-                   d_s
+    input slots    the loaded / consumed ring's buffers: q_s, k_s, kg_s, v_s, A_s, Pg_s, g_s, eg_s, ed_s, d_s
     NS1, NSL       launch sizes (common.state_pass_contract): len(cu_seqlens), one more than the sequences; the
                    tile slots of the per-channel gate's D
 """
@@ -114,18 +115,20 @@ from .plan import update_rule
 GROUP = 128  # threads of a warp group
 GATES = ("none", "scalar", "channel")
 # registers per thread after setmaxnreg, 160 + 152 + 144 + 56 = 512 (65536 over 512 threads, 128 at launch): the
-# state group holds S (K x DV / 128 fp32); the load group's gate warp holds GATE_AHEAD chunks of gc / beta (with
+# state group holds S (K x DV / 128 fp32); the load group's gate warp holds GATE_AHEAD chunks of gc (with
 # three, GDN at DV 128 in fp16 spills since the tail rows' zeroing); the compile test fails on any spill
 STATE_REGS = 160
 VALUE_REGS = 152
 OUTPUT_REGS = 144
 LOAD_REGS = 56
-# with two chain groups (WsConfig.chains), 160 + 160 + 136 + 56: each holds its part of S and its R and Vnew (and
-# transposed their 16-bit copies, the register operands); with one, the value group's idle warps take LOAD_REGS
+# with two chain groups (WsConfig.chains), 160 + 160 + 136 + 56: each holds its part of S, its K S and Vnew (U
+# accumulating there while X is formed) and transposed their 16-bit copies, the register operands; with one, 200 +
+# 56 + 144 + 56 (the value group's idle warps at LOAD_REGS leave it room)
 CHAIN_REGS = 160
+SOLE_CHAIN_REGS = 200
 CHAIN_OUTPUT_REGS = 136
 SHARED_BYTES = 226 * 1024  # of the 227 KiB a CTA may take, 1 KiB left for barriers and alignment
-GATE_AHEAD = 2  # chunks whose gate loads (gc, beta, D) the gate warp keeps in flight
+GATE_AHEAD = 2  # chunks whose gate loads (gc, D) the gate warp keeps in flight
 
 
 @dataclass(frozen=True)
@@ -203,21 +206,22 @@ class WsConfig:
     chains: int
     """Chain groups (0: the state and value groups). The delta rule with output under a scalar gate or none, at
     block_DV = K (two: halves) or at block_DV = 64 with K = 128 (one): the state and value groups give way to chain
-    groups, each running the whole recurrence (S, K S, A R, K^T Vd) for block_DV / chains of the block's columns,
+    groups, each running the whole recurrence (S, K S, Ab X, K^T Vd) for block_DV / chains of the block's columns,
     so that no hand-over crosses groups on the recurrence and the SM interleaves independent chains; no Vd_s, and
     the output group waits for every chain group's part of S_s and Vnew_s. One chain group leaves the value group's
     warps idle."""
     transposed: bool
     """Chain groups of 64 columns (K = 128; a warp group's product has 64 rows): they run the recurrence transposed
-    (S^T, R^T, Vnew^T, Vd^T in registers), so that each of its products takes its left operand from registers and
-    only K and A from shared memory; S_s and Vnew_s hold S^T and Vnew^T. Otherwise (halves of 32 columns at K =
-    64) each writes R, then Vd, over its part of V in v_s."""
+    (S^T, X^T, Vnew^T, Vd^T in registers), so that each product on the recurrence takes its left operand from
+    registers and only K and Ab from shared memory (U^T = V^T Ab^T, off it, both from shared memory); S_s and
+    Vnew_s hold S^T and Vnew^T. Otherwise (halves of 32 columns at K = 64) each writes X, then Vd, over its part
+    of V in v_s."""
     vnew_is_vd: bool
     """The per-channel delta rule: Vd = Vnew (the decay is in Kd, and Vnew's rows past the sequence end are zero:
     so are Ab's and Kg's there), so the state group adds K^T Vnew from Vnew_s, which the output group reads too;
-    no Vd_s, no exp(gc_last - gc) and no beta in the input slots (beta is in Ab)."""
+    no Vd_s and no exp(gc_last - gc) in the input slots."""
     inputs: Ring
-    """loaded / consumed: q, k, Kg, v, A, P, gc, beta, D from the load group to the groups that read them. Slots: as
+    """loaded / consumed: q, k, Kg, v, Ab, P, gc, D from the load group to the groups that read them. Slots: as
     many as shared memory holds beside the fixed buffers, 2 to 4 (3 with the delta rule). Writers: the TMA warp
     and the gate warp (which zeroes a last chunk's tail rows first, module docstring). Readers: the state group,
     the chunk's output group, a value group that writes Vd_s, the Vd writers (the chain groups in place of the
@@ -271,7 +275,7 @@ class WsConfig:
             "Vd_ready", "Vd_read", Vd_slots, 64 if vd_writers else GROUP, GROUP)
         Vn_readers = int(store_output) + int(vnew_is_vd)  # the output group; the state group under vnew_is_vd
         Vn_ring = Ring("Vn_ready", "Vn_read", Vn_slots, writers, Vn_readers * GROUP) if delta and Vn_readers else None
-        slot = [buffer for buffer, used in (  # one input slot of each: q, k, Kg, v, gc, exp(gc), ed, A, P, beta, D
+        slot = [buffer for buffer, used in (  # one input slot of each: q, k, Kg, v, gc, exp(gc), ed, A, P, D
             (Shared("q_s", (C, K)), store_output),
             (Shared("k_s", (C, K)), True),
             (Shared("kg_s", (C, K)), channel and delta),  # Kg = K ⊙ exp(gc) for the value group's Kg S
@@ -280,9 +284,8 @@ class WsConfig:
             (Shared("eg_s", (C,), fp32=True), scalar),  # exp(gc)
             (Shared("ed_s", (C,), fp32=True), not kv_from_inputs and not vnew_is_vd),  # exp(gc_last - gc), 0 past
             # the sequence end
-            (Shared("A_s", (C, C)), delta),  # kkt_solve's A; Ab = A diag(beta) under the per-channel gate
+            (Shared("A_s", (C, C)), delta),  # Ab = A diag(beta): kkt_solve's (scaled) or gla_factors'
             (Shared("Pg_s", (C, C)), channel and store_output),  # the per-channel gate's scores P (gla_factors)
-            (Shared("beta_s", (C,), fp32=True), delta and not vnew_is_vd),
             (Shared("d_s", (K,), fp32=True), channel),  # D = exp(gc_last) per key channel
         ) if used]
         fixed = [buffer for buffer, used in (
@@ -346,7 +349,8 @@ def chunk_fwd_ws_kernel(
     state starts from the identity), gate kind (GATES), update rule and DV block (dv_blocks(K); below K for the
     per-channel delta rule at K = 128).  Batch, length, head counts and the varlen layout are dynamic.
     Grid: (V // block_DV, HV, N sequences in the launch order), 512 threads.  Inputs absent for a configuration (g
-    without a gate; beta and A for the plain update) are one-element placeholders.  store_output=False drops the
+    without a gate; A for the plain update) are one-element placeholders, and beta is not read (the delta rule's
+    A is Ab = A diag(beta)).  store_output=False drops the
     output group (its warps idle, o is not written): the state pass alone, as the sequence split's transitions need
     it.
     warmup (varlen, the sequence split's passes with the warm-up table in warm, hopper/warmup.py): with output, a
@@ -385,20 +389,25 @@ def chunk_fwd_ws_kernel(
         T.fence_proxy_async()
         T.barrier_arrive(getattr(smem, ring.ready)[n])
 
-    def residual_entry(smem, slot, i, j, KS):
-        """R's entry at row i, column j of V from K S's: beta_i (V_ij - exp(gc_i) (K S)_ij)."""
-        return smem.beta_s[slot, i] * (smem.v_s[slot, i, j] - (smem.eg_s[slot, i] * KS if scalar else KS))
+    def correction_entry(smem, slot, i, KS):
+        """X's entry at row i from K S's: -exp(gc_i) (K S)_i. (-(K S)_i without a gate; -(Kg S)_i under the
+        per-channel gate, whose K S is Kg S)."""
+        return -(smem.eg_s[slot, i] * KS) if scalar else -KS
 
     @T.macro
-    def residual(smem, slot, R_f, j0, cols, R16=None):
-        """R = beta (V - exp(gc) K S) (no exp(gc) without a gate) from K S in R_f, with V's columns j0 ... j0 + cols
-        of the input slot: into R_f, or transposed (R_f holding (K S)^T) into R16 as R^T in the inputs' dtype."""
-        if R16 is None:
+    def correction(smem, slot, X_f, j0, cols, X16=None, plus_v=False):
+        """X = -exp(gc) K S from K S in X_f, the delta rule's Vnew = U + Ab X with U = Ab V: over the input slot's V
+        columns j0 ... j0 + cols (U formed from them first; plus_v: V + X there, for Vnew = Ab (V + X)), or
+        transposed (X_f holding (K S)^T) into X16 as X^T in the inputs' dtype."""
+        if X16 is None:
             for i, j in T.Parallel(C, cols):
-                R_f[i, j] = residual_entry(smem, slot, i, j0 + j, R_f[i, j])
+                if plus_v:
+                    smem.v_s[slot, i, j0 + j] = smem.v_s[slot, i, j0 + j] + correction_entry(smem, slot, i, X_f[i, j])
+                else:
+                    smem.v_s[slot, i, j0 + j] = correction_entry(smem, slot, i, X_f[i, j])
         else:
             for j, i in T.Parallel(cols, C):
-                R16[j, i] = T.cast(residual_entry(smem, slot, i, j0 + j, R_f[j, i]), dtype)
+                X16[j, i] = T.cast(correction_entry(smem, slot, i, X_f[j, i]), dtype)
 
     @T.macro
     def scalar_decay(smem, slot, decay, S_f):
@@ -491,10 +500,10 @@ def chunk_fwd_ws_kernel(
 
     @T.macro
     def value_group(smem, cta, KS_f, Vn_f):
-        """Per chunk, the delta rule's K S -> R = beta (V - exp(gc) K S) (in place of V) -> Vnew = A R, then Vd_s
-        = exp(gc_last - gc) Vnew and Vnew_s; under the plain update Vd_s = exp(gc_last - gc) V alone; under
-        vnew_is_vd U = Ab V before S is ready, then Kg S -> -Kg S (in place of V) -> Vnew = U + Ab (-Kg S) ->
-        Vnew_s."""
+        """Per chunk, the delta rule's K S -> V + X, X = -exp(gc) K S (in place of V) -> Vnew = Ab (V + X), then
+        Vd_s = exp(gc_last - gc) Vnew and Vnew_s (U = Ab V and K S at once would hold two DV-wide accumulators);
+        under vnew_is_vd U = Ab V before S is ready, then Kg S -> X = -Kg S (in place of V) -> Vnew = U + Ab X ->
+        Vnew_s, which is Vd too; under the plain update Vd_s = exp(gc_last - gc) V alone."""
         for c in T.serial(cta.n_chunks):
             slot = inputs.slot(c)
             T.barrier_wait(smem.loaded[slot], inputs.ready_parity(c))
@@ -506,12 +515,7 @@ def chunk_fwd_ws_kernel(
                 T.gemm(smem.kg_s[slot, :, :] if channel else smem.k_s[slot, :, :], smem.S_s[s, :, :], KS_f,
                        clear_accum=True)
                 T.barrier_arrive(smem.S_read[s])
-                if cfg.vnew_is_vd:
-                    for i, j in T.Parallel(C, block_DV):
-                        smem.v_s[slot, i, j] = -KS_f[i, j]
-                else:
-                    residual(smem, slot, KS_f, 0, block_DV)
-                    T.copy(KS_f, smem.v_s[slot, :, :])
+                correction(smem, slot, KS_f, 0, block_DV, plus_v=not cfg.vnew_is_vd)
                 T.fence_proxy_async()
                 T.gemm(smem.A_s[slot, :, :], smem.v_s[slot, :, :], Vn_f, clear_accum=not cfg.vnew_is_vd)
             if not cfg.vnew_is_vd:
@@ -521,14 +525,16 @@ def chunk_fwd_ws_kernel(
             T.barrier_arrive(smem.consumed[slot])
 
     @T.macro
-    def chain_group(smem, cta, j0, S_f, R_f, Vn_f, S16, R16, Vd16, h0, ht, h_init):
+    def chain_group(smem, cta, j0, S_f, X_f, Vn_f, S16, X16, Vd16, h0, ht, h_init):
         """The whole recurrence for columns j0 ... j0 + block_DV / chains of the DV block (cfg.chains): per chunk,
-        S's 16-bit copy to its part of S_s, K S -> R = beta (V - exp(gc) K S) -> Vnew = A R -> Vd = exp(gc_last - gc)
-        Vnew, S <- exp(gc_last) S + K^T Vd; Vnew to its part of Vnew_s.
-        Transposed (cfg.transposed; S_f, R_f, Vn_f hold S^T, (K S)^T, Vnew^T and S16, R16, Vd16 the 16-bit S^T,
-        R^T, Vd^T): (K S)^T = S^T K^T, Vnew^T = R^T A^T, S^T <- exp(gc_last) S^T + Vd^T K, each product's left
-        operand from registers; S^T and Vnew^T go to its rows of S_s and Vnew_s. Otherwise (S16, R16, Vd16 None)
-        K S reads its columns of S_s, and R and then Vd pass through its part of V in v_s (over V)."""
+        S's 16-bit copy to its part of S_s, U = Ab V beside K S -> X = -exp(gc) K S -> Vnew = U + Ab X -> Vd =
+        exp(gc_last - gc) Vnew, S <- exp(gc_last) S + K^T Vd; Vnew to its part of Vnew_s. V enters the chain only
+        through U's product (from shared memory), so no register waits for it.
+        Transposed (cfg.transposed; S_f, X_f, Vn_f hold S^T, (K S)^T, Vnew^T and S16, X16, Vd16 the 16-bit S^T,
+        X^T, Vd^T): (K S)^T = S^T K^T, then U^T = V^T Ab^T issued while X^T is formed, Vnew^T = U^T + X^T Ab^T,
+        S^T <- exp(gc_last) S^T + Vd^T K, the chain's products taking their left operand from registers; S^T and
+        Vnew^T go to its rows of S_s and Vnew_s. Otherwise (S16, X16, Vd16 None) U is issued first, K S reads its
+        columns of S_s, and X and then Vd pass through its part of V in v_s (over V, once U has read it)."""
         cols = block_DV // cfg.chains
         decay = T.alloc_local([1], accum)
         initial_state(cta, S_f, h0, h_init, cta.v0 + j0, cols)
@@ -540,9 +546,11 @@ def chunk_fwd_ws_kernel(
                 # before (K S)^T: a register operand is not to be read while its product runs (PTX), and nvcc
                 # would store S16's registers for S_f's identical copy
                 publish(smem, S_ring, c, S16, smem.S_s, j0, cols)
-                T.gemm(S16, smem.k_s[slot, :, :], R_f, transpose_B=True, clear_accum=True)
-                residual(smem, slot, R_f, j0, cols, R16)
-                T.wgmma_gemm(R16, smem.A_s[slot, :, :], Vn_f, transpose_B=True, clear_accum=True)
+                T.gemm(S16, smem.k_s[slot, :, :], X_f, transpose_B=True, clear_accum=True)
+                T.wgmma_gemm(smem.v_s[slot, :, j0 : j0 + cols], smem.A_s[slot, :, :], Vn_f, transpose_A=True,
+                             transpose_B=True, clear_accum=True)  # U^T, while X^T is formed
+                correction(smem, slot, X_f, j0, cols, X16)
+                T.wgmma_gemm(X16, smem.A_s[slot, :, :], Vn_f, transpose_B=True)
                 if scalar:
                     scalar_decay(smem, slot, decay, S_f)
                 T.wait_wgmma(0)
@@ -552,12 +560,12 @@ def chunk_fwd_ws_kernel(
                 publish(smem, Vn_ring, c, Vn_f, smem.Vn_s, j0, cols)
                 T.wait_wgmma(0)
             else:
+                T.wgmma_gemm(smem.A_s[slot, :, :], smem.v_s[slot, :, j0 : j0 + cols], Vn_f, clear_accum=True)  # U
                 publish(smem, S_ring, c, S_f, smem.S_s, j0, cols)
-                T.gemm(smem.k_s[slot, :, :], smem.S_s[s, :, j0 : j0 + cols], R_f, clear_accum=True)
-                residual(smem, slot, R_f, j0, cols)
-                T.copy(R_f, smem.v_s[slot, :, j0 : j0 + cols])
+                T.gemm(smem.k_s[slot, :, :], smem.S_s[s, :, j0 : j0 + cols], X_f, clear_accum=True)  # waits for U too
+                correction(smem, slot, X_f, j0, cols)
                 T.fence_proxy_async()
-                T.gemm(smem.A_s[slot, :, :], smem.v_s[slot, :, j0 : j0 + cols], Vn_f, clear_accum=True)
+                T.gemm(smem.A_s[slot, :, :], smem.v_s[slot, :, j0 : j0 + cols], Vn_f)
                 for i, j in T.Parallel(C, cols):
                     smem.v_s[slot, i, j0 + j] = smem.ed_s[slot, i] * Vn_f[i, j]
                 T.fence_proxy_async()
@@ -658,18 +666,14 @@ def chunk_fwd_ws_kernel(
             T.barrier_arrive(smem.loaded[slot])
 
     @T.macro
-    def fetch_gate_rows(u, c, regs, lane, cta, g, beta):
+    def fetch_gate_rows(u, c, regs, lane, cta, g):
         """The gate warp's loads of chunk c (clamped to the last chunk: the loads past it are harmless repeats)
-        into register set u: gc and beta of rows lane and lane + 32 (clamped to the sequence's last row), gc_last,
-        or the chunk's D under the per-channel gate (its beta is in Ab). They stay in flight until the chunk's slot
-        is written."""
+        into register set u: gc of rows lane and lane + 32 (clamped to the sequence's last row) and gc_last, or the
+        chunk's D under the per-channel gate. They stay in flight until the chunk's slot is written."""
         t0 = cta.t_start + T.min(c, cta.n_chunks - 1) * C
-        for r in T.unroll(C // 32):
-            if scalar:
-                regs.g_r[u, r] = g[cta.bb, T.min(t0 + lane + 32 * r, cta.t_end - 1), cta.bh]
-            if delta and not cfg.vnew_is_vd:
-                regs.beta_r[u, r] = T.cast(beta[cta.bb, T.min(t0 + lane + 32 * r, cta.t_end - 1), cta.bh], accum)
         if scalar:
+            for r in T.unroll(C // 32):
+                regs.g_r[u, r] = g[cta.bb, T.min(t0 + lane + 32 * r, cta.t_end - 1), cta.bh]
             regs.g_last[u] = g[cta.bb, T.min(t0 + C - 1, cta.t_end - 1), cta.bh]
         if channel:
             for e in T.unroll(K // 32):
@@ -694,19 +698,18 @@ def chunk_fwd_ws_kernel(
                     smem.kg_s[slot, i, j] = 0
 
     @T.macro
-    def gate_warp(smem, cta, lane, g, beta):
-        """Rows lane and lane + 32 of every chunk's gc, exp(gc), exp(gc_last - gc) (or only its end mask), beta
-        (0 past the sequence end) and D, from loads issued GATE_AHEAD chunks ahead into registers; a last chunk's
-        tail buffers zeroed past the sequence end once they land."""
+    def gate_warp(smem, cta, lane, g):
+        """Rows lane and lane + 32 of every chunk's gc, exp(gc), exp(gc_last - gc) (or only its end mask) and D,
+        from loads issued GATE_AHEAD chunks ahead into registers; a last chunk's tail buffers zeroed past the
+        sequence end once they land."""
         # registers of the GATE_AHEAD chunks whose loads are in flight (chunk c in set c % GATE_AHEAD)
         g_r = T.alloc_local([GATE_AHEAD, C // 32], accum)
-        beta_r = T.alloc_local([GATE_AHEAD, C // 32], accum)
         g_last = T.alloc_local([GATE_AHEAD], accum)
         d_r = T.alloc_local([GATE_AHEAD, K // 32], accum)
-        regs = SimpleNamespace(g_r=g_r, beta_r=beta_r, g_last=g_last, d_r=d_r)
+        regs = SimpleNamespace(g_r=g_r, g_last=g_last, d_r=d_r)
         for u in T.unroll(GATE_AHEAD):
             if u < cta.n_chunks:
-                fetch_gate_rows(u, u, regs, lane, cta, g, beta)
+                fetch_gate_rows(u, u, regs, lane, cta, g)
         for cc in T.serial(T.ceildiv(cta.n_chunks, GATE_AHEAD)):
             for u in T.unroll(GATE_AHEAD):
                 c = cc * GATE_AHEAD + u
@@ -722,14 +725,12 @@ def chunk_fwd_ws_kernel(
                             smem.ed_s[slot, i] = T.if_then_else(t0 + i < cta.t_end, exp_e(g_last[u] - g_r[u, r]), 0)
                         elif not cfg.kv_from_inputs and not cfg.vnew_is_vd:
                             smem.ed_s[slot, i] = T.if_then_else(t0 + i < cta.t_end, 1, 0)
-                        if delta and not cfg.vnew_is_vd:
-                            smem.beta_s[slot, i] = T.if_then_else(t0 + i < cta.t_end, beta_r[u, r], 0)
                     if channel:
                         for e in T.unroll(K // 32):
                             smem.d_s[slot, lane + 32 * e] = d_r[u, e]
                     if t0 + C <= cta.t_end:  # a tail's slot is marked loaded below, once its rows are zeroed
                         T.barrier_arrive(smem.loaded[slot])
-                    fetch_gate_rows(u, c + GATE_AHEAD, regs, lane, cta, g, beta)
+                    fetch_gate_rows(u, c + GATE_AHEAD, regs, lane, cta, g)
         # the last chunk when it is a tail, after the loop: the gate registers are dead there, so the zeroing's
         # address arithmetic fits the load group's register budget
         last = cta.t_start + (cta.n_chunks - 1) * C
@@ -758,13 +759,9 @@ def chunk_fwd_ws_kernel(
             hq = bh // (HV // H)
             v0 = bv * block_DV
             smem = allocate_shared(cfg, dtype)
-            if cfg.transposed:  # V is read only element by element there (the chain's R^T): swizzled as a product's
-                # operand would be, so that the fragment's four rows a load spans fall in distinct banks
-                T.annotate_layout({smem.v_s: tilelang.layout.make_swizzled_layout(smem.v_s)})
-
             S_f = KS_f = Vn_f = P_f = O2_f = P2_f = parts = None
             part = block_DV // max(cfg.chains, 1)  # a chain group's columns
-            if cfg.transposed:  # each chain group's S^T, (K S)^T, Vnew^T in fp32 and its operands S^T, R^T, Vd^T
+            if cfg.transposed:  # each chain group's S^T, (K S)^T, Vnew^T in fp32 and its operands S^T, X^T, Vd^T
                 parts = [tuple(T.alloc_fragment([part, cols], kind) for kind, cols in (
                     (accum, K), (accum, C), (accum, C), (dtype, K), (dtype, C), (dtype, C))) for _ in range(cfg.chains)]
             elif cfg.chains:  # each chain group's S, R and Vnew of its columns
@@ -817,7 +814,7 @@ def chunk_fwd_ws_kernel(
             tx = T.get_thread_binding()
             if tx < GROUP:  # state, or the first chain group
                 if cfg.chains:
-                    T.set_max_nreg(CHAIN_REGS, 1)
+                    T.set_max_nreg(CHAIN_REGS if cfg.chains == 2 else SOLE_CHAIN_REGS, 1)
                     chain_group(smem, cta, 0, *parts[0], h0, ht, h_init)
                 else:
                     T.set_max_nreg(STATE_REGS, 1)
@@ -845,7 +842,7 @@ def chunk_fwd_ws_kernel(
                 if tx < 3 * GROUP + 32:
                     tma_warp(smem, cta, q, k, v, A, kg, P)
                 elif tx < 3 * GROUP + 64:
-                    gate_warp(smem, cta, tx - (3 * GROUP + 32), g, beta)
+                    gate_warp(smem, cta, tx - (3 * GROUP + 32), g)
                 elif cfg.vd_writers:  # the other two warps
                     vd_writers(smem, cta)
 
@@ -853,7 +850,7 @@ def chunk_fwd_ws_kernel(
 
 
 def input_stages(K, block_DV, gate, delta, store_output):
-    """Input slots (q, k, Kg, v, A, P, gc, beta, exp(gc_last) per chunk): as many as shared memory holds beside the
+    """Input slots (q, k, Kg, v, Ab, P, gc, exp(gc_last) per chunk): as many as shared memory holds beside the
     fixed buffers (S_s, Vd_s, Vnew_s, P_s), 2 to 4 (3 with the delta rule). Three let the loads of chunk c + 2
     overlap chunk c + 1 even when the output group lags a chunk behind; four keep more bytes in flight per SM."""
     return WsConfig.derive(K, block_DV, gate, delta, block_DV, store_output).stages
@@ -867,5 +864,5 @@ def direct_v(gate, delta):
 
 def vd_slots(delta):
     """Vd_s slots: two under the plain update (the writer scales chunk c + 1's V while the state group adds chunk
-    c's K^T Vd), one with the delta rule (shared memory; its Vd waits on the chain's A R anyway)."""
+    c's K^T Vd), one with the delta rule (shared memory; its Vd waits on the chain's Ab X anyway)."""
     return 1 if delta else 2

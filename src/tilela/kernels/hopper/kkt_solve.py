@@ -1,11 +1,12 @@
 """kkt_solve on Hopper: the materialised UT-transform matrix of every chunk.
 
     A = (I + L)^-1,   L = strictLower(diag(beta) (Gamma ⊙ K K^T)),   Gamma_ij = exp(g_i - g_j)
+    (or Ab = A diag(beta), "scaled": the operand of the warp-specialised pass's delta rule)
 
 per chunk of C in {16, 32, 64} tokens (g: the chunk-local cumsum, so i > j gives an exponent <= 0; no gate:
-Gamma = 1). Mirrors reference.kkt.kkt_solve with reference.inverse.blocked_inverse ("blocked") or the same
-recursion over reference.inverse.neumann_inverse_16 ("neumann"); seeds 000 (blocked recursion) and 003
-(Neumann 16x16).
+Gamma = 1). Mirrors reference.kkt.kkt_solve (beta_columns where scaled) with reference.inverse.blocked_inverse
+("blocked") or the same recursion over reference.inverse.neumann_inverse_16 ("neumann"); seeds 000 (blocked
+recursion) and 003 (Neumann 16x16).
 
 One CTA owns a 64-row tile of one sequence and group_steps groups of P value heads of one q/k head, which it runs in
 turn (P = 2 when G is even: the forward substitution then keeps all 128 threads busy): K K^T is formed once
@@ -195,10 +196,12 @@ def tile_inverse(C: int, P: int, method: str):
     return invert
 
 
-def kkt_solve_kernel(chunk: int, method: str, dtype: str, gate: str, pair: int, gate_in: tuple | None = None
-                     ) -> T.PrimFunc:
-    """Build the prim_func for static (chunk, method, dtype, gate, pair, gate_in); gate "none", "scalar" or "channel"
-    (per key channel: one value head per pass, K <= 128, g the float32 chunk-local cumsum [.., HV, K]). gate_in
+def kkt_solve_kernel(chunk: int, method: str, dtype: str, gate: str, pair: int, gate_in: tuple | None = None,
+                     scaled: bool = False) -> T.PrimFunc:
+    """Build the prim_func for static (chunk, method, dtype, gate, pair, gate_in, scaled); gate "none", "scalar" or
+    "channel" (per key channel: one value head per pass, K <= 128, g the float32 chunk-local cumsum [.., HV, K]).
+    scaled: store Ab = A diag(beta) (column j times beta of the chunk's token j; reference.kkt.kkt_solve's
+    beta_columns), the warp-specialised pass's operand, instead of A (not under the per-channel gate). gate_in
     (scalar gate at chunk 64 only): None when g is the float32 chunk-local cumsum, else (g dtype, gate form) of the
     raw gate [1, T, HV], which the kernel sums itself (chunk_local_cumsum's stage, one warp per value head scanning
     the tile's rows: chunk_cumsum) and writes to gc for the state pass, so no cumsum launch runs before it;
@@ -211,6 +214,9 @@ def kkt_solve_kernel(chunk: int, method: str, dtype: str, gate: str, pair: int, 
     row_blocks = tuple(range(TILE // BLOCK))
     if channel and pair != 1:
         raise ValueError(f"pair: a per-channel gate takes one value head per pass, got {pair}")
+    if channel and scaled:
+        raise ValueError("scaled: Ab for the warp-specialised pass comes from gla_factors under a per-channel gate, "
+                         "got scaled=True with gate 'channel'")
     if gate_in is not None and not (scalar and chunk == TILE):
         raise ValueError(f"gate_in: kkt_solve sums the scalar gate at chunk {TILE} only, got gate {gate!r} at chunk "
                          f"{chunk}")
@@ -268,7 +274,7 @@ def kkt_solve_kernel(chunk: int, method: str, dtype: str, gate: str, pair: int, 
         TMA load, waited for on `landed` (phase kb % 2; a later step's load starts once every thread has read the
         slice). Columns past K and rows past the tensor end arrive as zeros; rows past the sequence end hold the next
         sequence's, whatever their values: a product entry only meets the two rows it pairs, and every entry with a
-        row past the end is selected away (scaled), so they reach nothing a live row reads."""
+        row past the end is selected away (lower_entry), so they reach nothing a live row reads."""
         if kb > 0:
             T.fence_proxy_async()
             T.sync_threads()
@@ -292,7 +298,7 @@ def kkt_solve_kernel(chunk: int, method: str, dtype: str, gate: str, pair: int, 
             raw[3] = dt_bias[T.min(hv, num_b - 1)]
 
     @T.macro
-    def scaled(KKs, beta_s, g_s, rows, p, bi, bj, r, c):
+    def lower_entry(KKs, beta_s, g_s, rows, p, bi, bj, r, c):
         """L_ij = beta_i (K K^T)_ij exp(g_i - g_j) of head p, i = 16 bi + r > j = 16 bj + c in one chunk; 0 for
         rows past the sequence end (selected, not multiplied: their exponent is unbounded)."""
         i = bi * BLOCK + r
@@ -402,21 +408,26 @@ def kkt_solve_kernel(chunk: int, method: str, dtype: str, gate: str, pair: int, 
                         Xd, Lo, M10 = inv.Xd, inv.Lo, inv.M10
                         for p, b, r, c in T.Parallel(P, NB, BLOCK, BLOCK):
                             Xd[p * NB + b, r, c] = T.if_then_else(
-                                r == c, 1.0, T.if_then_else(c < r, scaled(KKs, beta_s, g_s, rows, p, b, b, r, c), 0.0))
+                                r == c, 1.0,
+                                T.if_then_else(c < r, lower_entry(KKs, beta_s, g_s, rows, p, b, b, r, c), 0.0))
                         if C >= 32:
                             for p, h, r, c in T.Parallel(P, NB // 2, BLOCK, BLOCK):
-                                Lo[p * 2 + h, r, c] = -scaled(KKs, beta_s, g_s, rows, p, 2 * h + 1, 2 * h, r, c)
+                                Lo[p * 2 + h, r, c] = -lower_entry(KKs, beta_s, g_s, rows, p, 2 * h + 1, 2 * h, r, c)
                         if C == 64:
                             for p, r, c in T.Parallel(P, 32, 32):
-                                M10[p, r, c] = -scaled(KKs, beta_s, g_s, rows, p, 2 + r // BLOCK, c // BLOCK, r % BLOCK,
-                                                       c % BLOCK)
+                                M10[p, r, c] = -lower_entry(KKs, beta_s, g_s, rows, p, 2 + r // BLOCK, c // BLOCK,
+                                                            r % BLOCK, c % BLOCK)
 
                         invert(inv.Xd, inv.Lo, inv.M10, inv.X00, inv.X11, inv.F32, inv.T16, inv.col, inv.Q_a,
                                inv.Q_b, inv.X_a, inv.F, out_s, tx)
 
-                        # write back the rows of this sequence, for the live value heads
+                        # write back the rows of this sequence, for the live value heads (columns times beta of
+                        # their tokens where scaled)
                         for i, p, j in T.Parallel(TILE, P, C):
                             if i < rows and grp * P + p < G:
-                                A[0, start + i, hv0 + p, j] = out_s[i, p, j]
+                                if scaled:
+                                    A[0, start + i, hv0 + p, j] = out_s[i, p, j] * beta_s[p, i // C * C + j]
+                                else:
+                                    A[0, start + i, hv0 + p, j] = out_s[i, p, j]
 
     return kkt_solve

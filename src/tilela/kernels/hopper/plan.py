@@ -6,7 +6,8 @@ lengths, the SM count), so nothing synchronises with the device and a test can i
 A plan answers, in this order:
   coverage     does the TileLang pipeline serve this call at all (`covers`), else the PyTorch path runs
   gate         "none", "scalar" ([B, T, HV]) or "channel" ([B, T, HV, K], per key channel)
-  update rule  the delta rule (beta, kkt_solve's A) or the plain update S += K^T V
+  update rule  the delta rule (beta, kkt_solve's A; Ab = A diag(beta) for the warp-specialised pass) or the plain
+               update S += K^T V
   stages       cumsum of the gate (unless a later stage sums it in its tiles), kkt_solve (delta rule; it sums a
                scalar gate itself), gla_factors (per-channel gate on the warp-specialised pass, summing the gate;
                with the delta rule it forms A too, in place of kkt_solve), then one state/output pass
@@ -460,9 +461,10 @@ class Plan:
     cumsum       (chunk, g dtype, gate form) of chunk_local_cumsum on the gate, or None (no gate, or a later stage
                  sums it: kkt_solve the scalar gate with the delta rule, gla_factors the per-channel one); the form
                  is "log" or FLA's in-kernel gate ("softplus", "sigmoid": tilela._gates)
-    kkt          (chunk, method, dtype, gate, value heads per pass, gate_in) of kkt_solve (delta rule, unless
-                 gla_factors forms A); gate_in (g dtype, gate form) where it sums the raw scalar gate and writes gc
-                 for the state pass, else None
+    kkt          (chunk, method, dtype, gate, value heads per pass, gate_in, scaled) of kkt_solve (delta rule,
+                 unless gla_factors forms A); gate_in (g dtype, gate form) where it sums the raw scalar gate and
+                 writes gc for the state pass, else None; scaled: Ab = A diag(beta) for the warp-specialised pass,
+                 A for the loop pass
     kkt_steps    the groups of value heads each kkt_solve CTA runs in turn (kkt_group_steps), or None
     factors      (K, dtype, gate_in, delta rule: writes Kg and A) of gla_factors (per-channel gate on the
                  warp-specialised pass); gate_in: (g dtype, gate form) where it sums the raw gate in its tiles, None
@@ -505,12 +507,14 @@ class Plan:
         return self.passes[-1]
 
 
-def kkt_key(chunk: int, method: str, dtype: str, gate: str, group: int, gate_in: tuple | None = None) -> tuple:
+def kkt_key(chunk: int, method: str, dtype: str, gate: str, group: int, gate_in: tuple | None = None,
+            scaled: bool = False) -> tuple:
     """kkt_solve's compile key: two value heads per pass when the GVA group is even (the forward substitution then
     keeps all 128 threads busy), one under a per-channel gate (each value head forms its own scores); gate_in (g
-    dtype, gate form) where it sums the raw scalar gate itself, None where it reads gc."""
+    dtype, gate form) where it sums the raw scalar gate itself, None where it reads gc; scaled where it stores
+    Ab = A diag(beta) (the warp-specialised pass's operand)."""
     pair = 2 if group % 2 == 0 and gate != "channel" else 1
-    return (chunk, method, dtype, gate, pair, gate_in)
+    return (chunk, method, dtype, gate, pair, gate_in, scaled)
 
 
 def kkt_group_steps(lengths, H: int, HV: int, pair: int, sms: int) -> int:
@@ -522,11 +526,11 @@ def kkt_group_steps(lengths, H: int, HV: int, pair: int, sms: int) -> int:
 
 
 def kkt_plan(chunk: int, method: str, dtype: str, gate: str, H: int, HV: int, lengths, sms: int,
-             gate_in: tuple | None = None) -> tuple[tuple, int]:
+             gate_in: tuple | None = None, scaled: bool = False) -> tuple[tuple, int]:
     """kkt_solve's (compile key, group steps) for sequences of these lengths over H q/k and HV value heads on `sms`
     SMs: kkt_key's, then kkt_group_steps' for its value heads per pass. Every launch of kkt_solve (the plan's, the
     public op's) takes both from here."""
-    key = kkt_key(chunk, method, dtype, gate, HV // H, gate_in)
+    key = kkt_key(chunk, method, dtype, gate, HV // H, gate_in, scaled)
     return key, kkt_group_steps(lengths, H, HV, key[4], sms)
 
 
@@ -614,8 +618,8 @@ def _plan(*, dtype: str, beta_dtype: str | None, gate_dtype: str | None, gate: s
     fused = delta and gate == "scalar" and gate_in is not None and chunk == CHUNK
     cumsum = None if gate == "none" or g_input == "cumsum" or factors or fused else (chunk, gate_dtype, gate_form)
     method = "neumann" if chunk == SHORT_CHUNK else "blocked"
-    kkt, kkt_steps = kkt_plan(chunk, method, dtype, gate, H, HV, lengths, sms, gate_in if fused else None) \
-        if delta and not factors else (None, None)
+    kkt, kkt_steps = kkt_plan(chunk, method, dtype, gate, H, HV, lengths, sms, gate_in if fused else None,
+                              scaled=ws) if delta and not factors else (None, None)
     rule = update_rule(gate, delta)
 
     def state_pass(V_pass, chains, varlen_pass, h0, ht, store_output, block=None, warmup=False):
