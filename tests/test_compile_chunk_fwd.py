@@ -154,3 +154,7 @@ def test_compiles_for_sm90a(compiled, case):
     assert ("wgmma_rs" in source) == transposed
     if kind.startswith("ws"):  # launch.GUARDED: no per-access bounds tests (e.g. of the batch index against B)
         assert not re.search(r"\(bb(_\d+)? < B\)", source)
+        # the delta rule's output group stores whole chunks of O by TMA at DV blocks 64 and 128 (WsConfig.tma_output)
+        block_DV = K // DV_FRACTION[kind.rsplit("_", 1)[1]]
+        outputs = not kind.startswith(("ws_split", "ws_warmsplit"))
+        assert ("tl::tma_store(o_desc" in source) == (delta and gate != "channel" and outputs and block_DV in (64, 128))

@@ -33,7 +33,8 @@ producer, state and value the mainloop, output the epilogue):
                                plain update without output: Vd_s; plain update with output: the output of the even
                                chunks; plain update without output or Vd_s: idle
     output  (threads 256-383)  P = Q K^T (before S is ready; loaded with a per-channel gate), Q S, O = ... + P Vnew,
-                               stores O (of the odd chunks where the value group takes the even ones); without
+                               stores O (of the odd chunks where the value group takes the even ones; the delta
+                               rule's whole chunks through shared memory and TMA, WsConfig.tma_output); without
                                output: idle
     chain   (threads 0-255)    the delta rule with output under a scalar gate or none at DV block K, or 64 at K =
                                128 (WsConfig.chains; GDN's and delta_rule's passes, the split's outputs pass
@@ -82,10 +83,10 @@ without TileLang's per-access bounds tests (launch.GUARDED): TMA zero-fills a ti
 gate warp's rows are clamped into the sequence and its chunks to the last (a CTA of an empty sequence runs none); the
 warm-up starts within the sequence (warmup.py: w <= the segment's first chunk) from the row of h0 (the entering
 states) or h_init (the initial states) its table names, and stores the final state at the table's row of ht (its
-sequence's); o's rows are tested against the sequence end (a whole chunk stored without a test per
-row; under the warm-up only the chunks from the segment's first row on are stored); cu_seqlens (non-decreasing up
-to the token count: checked at the public boundary), the launch order (a permutation of the sequences), the
-warm-up table, h0 and ht are read at the CTA's own sequence and head.
+sequence's); o's rows are tested against the sequence end (a whole chunk stored without a test per row, or by TMA,
+all its rows before the sequence end; under the warm-up only the chunks from the segment's first row on are
+stored); cu_seqlens (non-decreasing up to the token count: checked at the public boundary), the launch order (a
+permutation of the sequences), the warm-up table, h0 and ht are read at the CTA's own sequence and head.
 
 Glossary:
     plain update   Vnew = V, no delta rule (linear_attn, simple_gla, gla)
@@ -216,6 +217,11 @@ class WsConfig:
     registers and only K and Ab from shared memory (U^T = V^T Ab^T, off it, both from shared memory); S_s and
     Vnew_s hold S^T and Vnew^T. Otherwise (halves of 32 columns at K = 64) each writes X, then Vd, over its part
     of V in v_s."""
+    tma_output: bool
+    """The delta rule's output group under a scalar gate or none at DV block 64 or 128 stores a whole chunk's O
+    through shared memory and TMA (its first 64 columns staged in P_s, which P Vnew has read, the rest in O_s),
+    in place of 32 four-byte stores a thread; a sequence's last chunk, cut by its end, keeps the stores tested row
+    by row (a TMA store would write the next sequence's rows)."""
     vnew_is_vd: bool
     """The per-channel delta rule: Vd = Vnew (the decay is in Kd, and Vnew's rows past the sequence end are zero:
     so are Ab's and Kg's there), so the state group adds K^T Vnew from Vnew_s, which the output group reads too;
@@ -239,7 +245,7 @@ class WsConfig:
     groups, one above (shared memory). None: no Vnew_s."""
     shared: tuple[Shared, ...]
     """Every shared buffer the builder allocates, in allocation order: the input slots' buffers, then the fixed
-    ones (Vnew_s, S_s, Vd_s, P_s)."""
+    ones (Vnew_s, S_s, Vd_s, P_s, O_s)."""
 
     @property
     def stages(self) -> int:
@@ -262,6 +268,7 @@ class WsConfig:
         kv_from_inputs = direct_v(gate, delta)
         vd_writers = two_output_groups and not kv_from_inputs
         vnew_is_vd = channel and delta
+        tma_output = delta and not channel and store_output and block_DV in (C, 2 * C)
         chained = delta and not channel and store_output
         chains = 2 if chained and block_DV == K else 1 if chained and (K, block_DV) == (128, 64) else 0
         transposed = chains > 0 and block_DV // chains == 64
@@ -293,6 +300,7 @@ class WsConfig:
             (Shared("S_s", (2, *((block_DV, K) if transposed else (K, block_DV)))), S_ring is not None),
             (Shared("Vd_s", (Vd_slots, C, block_DV)), Vd_ring is not None),
             (Shared("P_s", (2, C, C) if two_output_groups else (C, C)), store_output and not channel),
+            (Shared("O_s", (C, block_DV - C)), tma_output and block_DV > C),  # O's columns past P_s's
         ) if used]
         free = SHARED_BYTES - sum(b.bytes for b in fixed)
         stages = min(3 if delta else 4, free // sum(b.bytes for b in slot))
@@ -304,7 +312,7 @@ class WsConfig:
             K=K, V=V, gate=gate, delta=delta, block_DV=block_DV, store_output=store_output, NV=V // block_DV,
             scalar=scalar, channel=channel, two_output_groups=two_output_groups, kv_from_inputs=kv_from_inputs,
             vd_writers=vd_writers, value_writes_vd=value_writes_vd, chains=chains, transposed=transposed,
-            vnew_is_vd=vnew_is_vd,
+            tma_output=tma_output, vnew_is_vd=vnew_is_vd,
             inputs=Ring("loaded", "consumed", stages, 64,  # readers: state and value, or the chain groups; output
                         GROUP * ((chains or 1 + int(value_writes_vd)) + int(store_output))
                         + 64 * int(vd_writers)),
@@ -582,12 +590,15 @@ def chunk_fwd_ws_kernel(
         """Chunk c's output by one output group: P = Q K^T (before S is ready; loaded under the per-channel gate),
         O = scale (Q S) (exp(gc) rows) + P Vnew, stored to o's rows up to t_end. Under the warm-up a chunk before
         t_out (the segment's first row; the CTA starts whole chunks before it) has no output: the group passes its
-        hand-overs on without products or stores. P_s: the group's P staging; P_f, O_f: its fragments."""
+        hand-overs on without products or stores. P_s: the group's P staging (and O's under cfg.tma_output); P_f,
+        O_f: its fragments."""
         s, slot = S_ring.slot(c), inputs.slot(c)
         t0 = t_start + c * C
         live = (t0 >= t_out) if warmup else True
         T.barrier_wait(smem.loaded[slot], inputs.ready_parity(c))
         if not channel and live:
+            if cfg.tma_output:  # the chunk before's O has left P_s and O_s (the group's barrier before P_s's
+                T.tma_store_wait()  # stores follows: TileLang's, for P Vnew's read of P_s)
             T.gemm(smem.q_s[slot, :, :], smem.k_s[slot, :, :], P_f, transpose_B=True, clear_accum=True)
             for i, j in T.Parallel(C, C):
                 if scalar:
@@ -617,11 +628,22 @@ def chunk_fwd_ws_kernel(
             T.barrier_arrive(smem.Vn_read[n])
         elif live:
             T.gemm(smem.Pg_s[slot, :, :] if channel else P_s, smem.v_s[slot, :, :], O_f)
-        T.barrier_arrive(smem.consumed[slot])  # the stores below read registers only
+        T.barrier_arrive(smem.consumed[slot])  # the stores below read registers, P_s and O_s only
         if live:
             if t0 + C <= t_end:  # a whole chunk of the sequence: its rows stored without a test per row
-                for i, j in T.Parallel(C, block_DV):
-                    o[bb, t0 + i, bh, v0 + j] = O_f[i, j]
+                if cfg.tma_output:  # through P_s (O_s) and TMA
+                    T.copy(O_f[:, 0:C], P_s)
+                    if block_DV > C:
+                        T.copy(O_f[:, C:block_DV], smem.O_s)
+                    # the group's writes seen by the async proxy; TileLang puts the group's barrier before the
+                    # store, which one elected lane issues
+                    T.fence_proxy_async()
+                    T.tma_copy(P_s, o[bb, t0 : t0 + C, bh, v0 : v0 + C])
+                    if block_DV > C:
+                        T.tma_copy(smem.O_s, o[bb, t0 : t0 + C, bh, v0 + C : v0 + block_DV])
+                else:
+                    for i, j in T.Parallel(C, block_DV):
+                        o[bb, t0 + i, bh, v0 + j] = O_f[i, j]
             else:
                 for i, j in T.Parallel(C, block_DV):
                     if t0 + i < t_end:
@@ -639,6 +661,8 @@ def chunk_fwd_ws_kernel(
             for c in T.serial(cta.n_chunks):
                 output_chunk(c, None if channel else smem.P_s, P_f, O_f, smem, o, cta.bb, cta.bh, cta.v0, cta.t_start,
                              cta.t_out, cta.t_end)
+            if cfg.tma_output:  # the last O's TMA stores have read P_s and O_s before the CTA's shared memory goes
+                T.tma_store_wait()
 
     @T.macro
     def tma_warp(smem, cta, q, k, v, A, kg, P):
@@ -851,7 +875,7 @@ def chunk_fwd_ws_kernel(
 
 def input_stages(K, block_DV, gate, delta, store_output):
     """Input slots (q, k, Kg, v, Ab, P, gc, exp(gc_last) per chunk): as many as shared memory holds beside the
-    fixed buffers (S_s, Vd_s, Vnew_s, P_s), 2 to 4 (3 with the delta rule). Three let the loads of chunk c + 2
+    fixed buffers (S_s, Vd_s, Vnew_s, P_s, O_s), 2 to 4 (3 with the delta rule). Three let the loads of chunk c + 2
     overlap chunk c + 1 even when the output group lags a chunk behind; four keep more bytes in flight per SM."""
     return WsConfig.derive(K, block_DV, gate, delta, block_DV, store_output).stages
 
