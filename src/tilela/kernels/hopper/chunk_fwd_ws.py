@@ -27,11 +27,11 @@ Warp groups, one macro each in chunk_fwd_ws_kernel (as in FlashAttention 3's hop
 producer, state and value the mainloop, output the epilogue):
     state   (threads   0-127)  S in fp32 registers for the whole sequence; per chunk it hands its 16-bit copy to
                                S_s, decays S and adds K^T Vd (K^T V from the input slots where Vd = V)
-    value   (threads 128-255)  delta rule: K S -> V - exp(gc) K S (in place of V) -> Vnew = Ab (V - exp(gc) K S)
-                               -> Vd_s, then Vnew_s; under the per-channel gate U = Ab V before S is ready, then
-                               Kg S -> -Kg S (in place of V) -> Vnew = U + Ab (-Kg S) -> Vnew_s, which is Vd too;
-                               plain update without output: Vd_s; plain update with output: the output of the even
-                               chunks; plain update without output or Vd_s: idle
+    value   (threads 128-255)  delta rule: U = Ab V before S is ready, then K S -> X = -exp(gc) K S (in place
+                               of V) -> Vnew = U + Ab X -> Vd_s, then Vnew_s (without output: V + X in place of V
+                               -> Vnew = Ab (V + X)); under the per-channel gate Kg S for K S and X = -Kg S, and
+                               Vnew_s is Vd too; plain update without output: Vd_s; plain update with output:
+                               the output of the even chunks; plain update without output or Vd_s: idle
     output  (threads 256-383)  P = Q K^T (before S is ready; loaded with a per-channel gate), Q S, O = ... + P Vnew,
                                stores O (of the odd chunks where the value group takes the even ones; the delta
                                rule's whole chunks through shared memory and TMA, WsConfig.tma_output); without
@@ -404,15 +404,16 @@ def chunk_fwd_ws_kernel(
 
     @T.macro
     def correction(smem, slot, X_f, j0, cols, X16=None, plus_v=False):
-        """X = -exp(gc) K S from K S in X_f, the delta rule's Vnew = U + Ab X with U = Ab V: over the input slot's V
-        columns j0 ... j0 + cols (U formed from them first; plus_v: V + X there, for Vnew = Ab (V + X)), or
-        transposed (X_f holding (K S)^T) into X16 as X^T in the inputs' dtype."""
+        """X = -exp(gc) K S from K S in X_f, the delta rule's Vnew = U + Ab X with U = Ab V: formed in X_f and
+        written over the input slot's V columns j0 ... j0 + cols in the inputs' dtype (U formed from them first;
+        plus_v: V + X, for Vnew = Ab (V + X)), or transposed (X_f holding (K S)^T) into X16 as X^T."""
         if X16 is None:
             for i, j in T.Parallel(C, cols):
                 if plus_v:
-                    smem.v_s[slot, i, j0 + j] = smem.v_s[slot, i, j0 + j] + correction_entry(smem, slot, i, X_f[i, j])
+                    X_f[i, j] = smem.v_s[slot, i, j0 + j] + correction_entry(smem, slot, i, X_f[i, j])
                 else:
-                    smem.v_s[slot, i, j0 + j] = correction_entry(smem, slot, i, X_f[i, j])
+                    X_f[i, j] = correction_entry(smem, slot, i, X_f[i, j])
+            T.copy(X_f, smem.v_s[slot, :, j0 : j0 + cols])
         else:
             for j, i in T.Parallel(cols, C):
                 X16[j, i] = T.cast(correction_entry(smem, slot, i, X_f[j, i]), dtype)
@@ -508,24 +509,27 @@ def chunk_fwd_ws_kernel(
 
     @T.macro
     def value_group(smem, cta, KS_f, Vn_f):
-        """Per chunk, the delta rule's K S -> V + X, X = -exp(gc) K S (in place of V) -> Vnew = Ab (V + X), then
-        Vd_s = exp(gc_last - gc) Vnew and Vnew_s (U = Ab V and K S at once would hold two DV-wide accumulators);
-        under vnew_is_vd U = Ab V before S is ready, then Kg S -> X = -Kg S (in place of V) -> Vnew = U + Ab X ->
-        Vnew_s, which is Vd too; under the plain update Vd_s = exp(gc_last - gc) V alone."""
+        """Per chunk, the delta rule's U = Ab V before S is ready, then K S -> X = -exp(gc) K S (in place of V) ->
+        Vnew = U + Ab X, the chain groups' rounding (so a pass's outputs do not depend on its DV block), then Vd_s =
+        exp(gc_last - gc) Vnew and Vnew_s; under vnew_is_vd the same with Kg S for K S, and Vnew_s is Vd too.
+        Without output (the split's transitions, at DV blocks where U and K S at once would hold two DV-wide
+        accumulators) K S -> V + X (in place of V) -> Vnew = Ab (V + X). Under the plain update Vd_s = exp(gc_last -
+        gc) V alone."""
+        u_first = cfg.vnew_is_vd or cfg.store_output
         for c in T.serial(cta.n_chunks):
             slot = inputs.slot(c)
             T.barrier_wait(smem.loaded[slot], inputs.ready_parity(c))
             if delta:
                 s = S_ring.slot(c)
-                if cfg.vnew_is_vd:  # U while the state group finishes the chunk before
+                if u_first:  # U while the state group finishes the chunk before
                     T.gemm(smem.A_s[slot, :, :], smem.v_s[slot, :, :], Vn_f, clear_accum=True)
                 T.barrier_wait(smem.S_ready[s], S_ring.ready_parity(c))
                 T.gemm(smem.kg_s[slot, :, :] if channel else smem.k_s[slot, :, :], smem.S_s[s, :, :], KS_f,
                        clear_accum=True)
                 T.barrier_arrive(smem.S_read[s])
-                correction(smem, slot, KS_f, 0, block_DV, plus_v=not cfg.vnew_is_vd)
+                correction(smem, slot, KS_f, 0, block_DV, plus_v=not u_first)
                 T.fence_proxy_async()
-                T.gemm(smem.A_s[slot, :, :], smem.v_s[slot, :, :], Vn_f, clear_accum=not cfg.vnew_is_vd)
+                T.gemm(smem.A_s[slot, :, :], smem.v_s[slot, :, :], Vn_f, clear_accum=not u_first)
             if not cfg.vnew_is_vd:
                 write_vd(smem, c, slot, Vn_f)  # first: Vd is on the recurrence's critical path, Vnew_s is not
             if Vn_ring is not None:
