@@ -201,7 +201,7 @@ class WsConfig:
     vd_writers: bool
     """Two otherwise idle load warps write Vd_s = exp(gc_last - gc) V: two output groups and a Vd_s."""
     value_writes_vd: bool
-    """The value group writes Vd_s (with the delta rule after R and Vnew, then Vnew_s; Vnew_s alone under
+    """The value group writes Vd_s (with the delta rule after X and Vnew, then Vnew_s; Vnew_s alone under
     vnew_is_vd); else it is an output group (two_output_groups), a chain group (chains) or idles (the state
     pass alone with K^T V from the input slots)."""
     chains: int
@@ -286,7 +286,7 @@ class WsConfig:
             (Shared("q_s", (C, K)), store_output),
             (Shared("k_s", (C, K)), True),
             (Shared("kg_s", (C, K)), channel and delta),  # Kg = K ⊙ exp(gc) for the value group's Kg S
-            (Shared("v_s", (C, block_DV)), True),  # V, overwritten by R in the delta rule
+            (Shared("v_s", (C, block_DV)), True),  # V, overwritten by X (or V + X) in the delta rule
             (Shared("g_s", (C,), fp32=True), scalar),  # gc
             (Shared("eg_s", (C,), fp32=True), scalar),  # exp(gc)
             (Shared("ed_s", (C,), fp32=True), not kv_from_inputs and not vnew_is_vd),  # exp(gc_last - gc), 0 past
@@ -792,7 +792,7 @@ def chunk_fwd_ws_kernel(
             if cfg.transposed:  # each chain group's S^T, (K S)^T, Vnew^T in fp32 and its operands S^T, X^T, Vd^T
                 parts = [tuple(T.alloc_fragment([part, cols], kind) for kind, cols in (
                     (accum, K), (accum, C), (accum, C), (dtype, K), (dtype, C), (dtype, C))) for _ in range(cfg.chains)]
-            elif cfg.chains:  # each chain group's S, R and Vnew of its columns
+            elif cfg.chains:  # each chain group's S, X and Vnew of its columns
                 parts = [tuple(T.alloc_fragment([rows, part], accum) for rows in (K, C, C)) + (None,) * 3
                          for _ in range(cfg.chains)]
             else:
