@@ -76,7 +76,7 @@ def gla_factors_kernel(K: int, dtype: str, gate_in: tuple | None, delta: bool = 
     num_a, num_b = T.dynamic("num_a, num_b")
     accum = "float32"
     g_dtype, form = (accum, None) if gate_in is None else gate_in
-    invert = tile_inverse(C, 1, "blocked") if delta else None
+    invert = tile_inverse(C, 1, "blocked", scaled=True) if delta else None  # Ab, beta on its columns
     # P and A leave through the key operand's shared memory (dead by then), viewed as [C, n, C] in the input dtype
     staging = (C, K * (4 if score_dtype == accum else 2) // (2 * C), C)
     # three CTAs per SM while the bf16 operands fit (caps registers at 168), two with fp16's fp32 score operands: the
@@ -89,7 +89,7 @@ def gla_factors_kernel(K: int, dtype: str, gate_in: tuple | None, delta: bool = 
         (kkt_solve.inverse_buffers): the diagonal 16x16 blocks (Xd), -L_10 of each 32 half (Lo), -M_10 (M10); rows
         past the sequence end hold 0."""
         for i, j in T.Parallel(C, C):
-            L = T.if_then_else(i < rows and j < i, beta_s[i] * KK[i, j], 0.0)
+            L = T.if_then_else(i < rows and j < i, beta_s[0, i] * KK[i, j], 0.0)
             if i // BLOCK == j // BLOCK:
                 Xd[i // BLOCK, i % BLOCK, j % BLOCK] = T.if_then_else(i == j, 1.0, L)
             elif i // BLOCK % 2 == 1 and j // BLOCK == i // BLOCK - 1:
@@ -121,18 +121,15 @@ def gla_factors_kernel(K: int, dtype: str, gate_in: tuple | None, delta: bool = 
                         KK[i, j] += Kw_s[w, i] * f
 
     @T.macro
-    def store_rows(out_s, dst, start, rows, hv, tx, xs, column_scale=None):
-        """dst's rows of the tile before the sequence end from the staging out_s[:, 0, :] (column j times
-        column_scale[j] where given): thread tx stores ROW_VEC columns from ROW_VEC (tx % (C / ROW_VEC)) of every
-        (THREADS ROW_VEC / C)-th row, each through xs (ROW_VEC elements) as one 16-byte store."""
+    def store_rows(out_s, dst, start, rows, hv, tx, xs):
+        """dst's rows of the tile before the sequence end from the staging out_s[:, 0, :]: thread tx stores ROW_VEC
+        columns from ROW_VEC (tx % (C / ROW_VEC)) of every (THREADS ROW_VEC / C)-th row, each through xs (ROW_VEC
+        elements) as one 16-byte store."""
         for r in T.unroll(C * C // (ROW_VEC * THREADS)):
             i = r * (THREADS * ROW_VEC // C) + tx // (C // ROW_VEC)
             j0 = tx % (C // ROW_VEC) * ROW_VEC
             for v in T.vectorized(ROW_VEC):
-                if column_scale is None:
-                    xs[v] = out_s[i, 0, j0 + v]
-                else:
-                    xs[v] = out_s[i, 0, j0 + v] * column_scale[j0 + v]
+                xs[v] = out_s[i, 0, j0 + v]
             T.stg128(dst[0, start + i, hv, j0 : j0 + ROW_VEC], T.view(xs, (1,), "uint32x4")[0], pred=i < rows)
 
     @T.macro
@@ -245,7 +242,7 @@ def gla_factors_kernel(K: int, dtype: str, gate_in: tuple | None, delta: bool = 
                 Kq_s = KK = None
                 if delta:
                     Kq_s = T.alloc_shared((C, K), score_dtype)  # the key rows' operand of K K^T's scores
-                    beta_s = T.alloc_shared((C,), accum)
+                    beta_s = T.alloc_shared((1, C), accum)  # tile_inverse's (value heads, rows)
                     KK = T.alloc_fragment((C, C), accum)
                     inv = inverse_buffers(C, 1, "blocked")
                     T.annotate_layout(inv.layouts)
@@ -254,7 +251,7 @@ def gla_factors_kernel(K: int, dtype: str, gate_in: tuple | None, delta: bool = 
                 T.copy(k[0, start : start + C, hq, :], Kr_s)
                 if delta:
                     for i in T.Parallel(C):
-                        beta_s[i] = T.if_then_else(i < rows, beta[0, start + i, hv], 0.0)
+                        beta_s[0, i] = T.if_then_else(i < rows, beta[0, start + i, hv], 0.0)
                 gate_column(g, A_log, dt_bias, gate_scale, start, end, hv, K, gl, part_s, form)
                 if r0 + run == C:
                     for v in T.vectorized(VEC):
@@ -290,7 +287,7 @@ def gla_factors_kernel(K: int, dtype: str, gate_in: tuple | None, delta: bool = 
 
                 if delta:
                     invert(inv.Xd, inv.Lo, inv.M10, inv.X00, inv.X11, inv.F32, inv.T16, inv.col, inv.Q_a, inv.Q_b,
-                           inv.X_a, inv.F, out_s, tx)
-                    store_rows(out_s, Ab, start, rows, hv, tx, xs, beta_s)
+                           inv.X_a, inv.F, out_s, beta_s, tx)
+                    store_rows(out_s, Ab, start, rows, hv, tx, xs)
 
     return gla_factors

@@ -94,11 +94,18 @@ def inverse_buffers(C: int, P: int, method: str) -> SimpleNamespace:
     return inv
 
 
-def tile_inverse(C: int, P: int, method: str):
-    """The macro invert(Xd, Lo, M10, X00, X11, F32, T16, col, Q_a, Q_b, X_a, F, out_s, tx) (inverse_buffers' buffers,
-    out_s a (TILE, >= P, C) shared staging, tx the thread): the block-diagonal inverse of P value heads' tiles into
-    out_s[i, p, :] (row i keeps the C columns of its own chunk), by levels 0-2 of the module docstring."""
+def tile_inverse(C: int, P: int, method: str, scaled: bool = False):
+    """The macro invert(Xd, Lo, M10, X00, X11, F32, T16, col, Q_a, Q_b, X_a, F, out_s, beta_s, tx) (inverse_buffers'
+    buffers, out_s a (TILE, >= P, C) shared staging, beta_s (P, TILE) fp32, tx the thread): the block-diagonal
+    inverse of P value heads' tiles into out_s[i, p, :] (row i keeps the C columns of its own chunk), by levels 0-2 of
+    the module docstring. scaled: Ab = A diag(beta) instead, column j of head p times beta_s[p, j] (j the tile row of
+    the column's token) as the fp32 blocks are assembled, so out_s holds Ab rounded once and leaves as it is staged;
+    beta_s is not read otherwise."""
     NB = TILE // BLOCK
+
+    def column(value, beta_s, p, j):
+        """An fp32 entry of column j (a tile row) of head p as staged: times beta_s[p, j] where scaled."""
+        return value * beta_s[p, j] if scaled else value
 
     @T.macro
     def neumann_blocks(p, Xd, Q_a, Q_b, X_a, F):
@@ -139,7 +146,7 @@ def tile_inverse(C: int, P: int, method: str):
             Xh[p, BLOCK + r, BLOCK + c] = Xd[p * NB + 2 * h + 1, r, c]
 
     @T.macro
-    def invert(Xd, Lo, M10, X00, X11, F32, T16, col, Q_a, Q_b, X_a, F, out_s, tx):
+    def invert(Xd, Lo, M10, X00, X11, F32, T16, col, Q_a, Q_b, X_a, F, out_s, beta_s, tx):
         # level 0: the P * NB diagonal 16x16 blocks
         if method == "blocked":
             # lane (b, t) owns column t of block b (16 lanes per block, two blocks per warp; with P = 1 the upper 64
@@ -175,13 +182,14 @@ def tile_inverse(C: int, P: int, method: str):
             for q, s, t in T.Parallel(P * NB // 2, BLOCK, BLOCK):
                 Lo[q, s, t] = T16[q, s, t]
 
-        # assemble the block-diagonal inverse; row i keeps the C columns of its own chunk
+        # assemble the block-diagonal inverse; row i keeps the C columns of its own chunk (the column of tile row j
+        # at j % C)
         T.clear(out_s)
         for p, b, r, c in T.Parallel(P, NB, BLOCK, BLOCK):
-            out_s[b * BLOCK + r, p, (b * BLOCK) % C + c] = Xd[p * NB + b, r, c]
+            out_s[b * BLOCK + r, p, (b * BLOCK) % C + c] = column(Xd[p * NB + b, r, c], beta_s, p, b * BLOCK + c)
         if C >= 32:
             for p, h, r, c in T.Parallel(P, NB // 2, BLOCK, BLOCK):
-                out_s[h * 32 + BLOCK + r, p, (h * 32) % C + c] = Lo[p * 2 + h, r, c]
+                out_s[h * 32 + BLOCK + r, p, (h * 32) % C + c] = column(Lo[p * 2 + h, r, c], beta_s, p, h * 32 + c)
 
         # level 2: X_10 = -X_11 M_10 X_00 between the two 32 halves
         if C == 64:
@@ -191,7 +199,8 @@ def tile_inverse(C: int, P: int, method: str):
                 T.gemm(X11[p, :, :], M10[p, :, :], F32, clear_accum=True)
                 T.copy(F32, M10[p, :, :])
                 T.gemm(M10[p, :, :], X00[p, :, :], F32, clear_accum=True)
-                T.copy(F32, out_s[32:64, p, 0:32])
+                for r, c in T.Parallel(32, 32):
+                    out_s[32 + r, p, c] = column(F32[r, c], beta_s, p, c)
 
     return invert
 
@@ -228,7 +237,7 @@ def kkt_solve_kernel(chunk: int, method: str, dtype: str, gate: str, pair: int, 
     num_bounds = T.dynamic("num_bounds")  # N + 1
     g_tokens, g_heads = T.dynamic("g_tokens"), T.dynamic("g_heads")  # (1, 1) dummy when ungated
     num_a, num_b, gc_tokens = T.dynamic("num_a, num_b, gc_tokens")  # placeholders unless gate_in
-    invert = tile_inverse(C, P, method)
+    invert = tile_inverse(C, P, method, scaled)
 
     @T.macro
     def chunk_cumsum(g_s, gc, start, rows, hv0, heads, gate_scale, tx):
@@ -419,15 +428,11 @@ def kkt_solve_kernel(chunk: int, method: str, dtype: str, gate: str, pair: int, 
                                                             r % BLOCK, c % BLOCK)
 
                         invert(inv.Xd, inv.Lo, inv.M10, inv.X00, inv.X11, inv.F32, inv.T16, inv.col, inv.Q_a,
-                               inv.Q_b, inv.X_a, inv.F, out_s, tx)
+                               inv.Q_b, inv.X_a, inv.F, out_s, beta_s, tx)
 
-                        # write back the rows of this sequence, for the live value heads (columns times beta of
-                        # their tokens where scaled)
+                        # write back the rows of this sequence, for the live value heads, as staged
                         for i, p, j in T.Parallel(TILE, P, C):
                             if i < rows and grp * P + p < G:
-                                if scaled:
-                                    A[0, start + i, hv0 + p, j] = out_s[i, p, j] * beta_s[p, i // C * C + j]
-                                else:
-                                    A[0, start + i, hv0 + p, j] = out_s[i, p, j]
+                                A[0, start + i, hv0 + p, j] = out_s[i, p, j]
 
     return kkt_solve
