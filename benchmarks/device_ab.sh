@@ -3,16 +3,18 @@
 # (base, head, base, head, ...) by two processes on one GPU, this tree's src/ and the base tree's, each timing the
 # anchor implementations too, so that `tilela bench --compare` reads the change's effect both across the runs and
 # against the anchor within each (the drift between processes cancels there). The GPU tests of this tree run while
-# the kernels compile.
+# the kernels compile. More variants time in the same rounds as sides of their own (SIDES), each against the base.
 #   here, first: rm -rf .devrun/base && mkdir -p .devrun/base && git archive BASE src | tar x -C .devrun/base
 #   device run, carry [".gpu-bundle", ".devrun"]:
 #   . .gpu-bundle/setup.sh && CASES=name,name OP=gdn bash benchmarks/device_ab.sh
 # Env: CASES (comma-separated case names of OP; required), OP (default gdn), IMPLS (default tilela,flash_qla: the first
 # is the one compared, the others its anchors), ROUNDS (default 2), TESTS (pytest paths or node ids of this tree's
 # GPU tests; none by default), TEST_PROCS (xdist workers, default 8), WARM_TIMEOUT, TEST_TIMEOUT, BENCH_TIMEOUT (s),
-# DEADLINE (epoch seconds, default 540 s from the start: no round starts after it less 60 s). Before the rounds every
-# case runs once per tree in a process of its own (no timing) so that TileLang and FlashQLA compile in parallel.
-# Output: $OUT/<op>_{base,head}_<round>.json (records with --profile's kernels), their --compare tables on stdout,
+# DEADLINE (epoch seconds, default 540 s from the start: no round starts after it less 60 s), SIDES (default
+# "base head": the trees timed in each round, in order; a side other than head is the tree in .devrun/<side>/src, and
+# every side after the base is compared with it). Before the rounds every case runs once per tree in a process of
+# its own (no timing) so that TileLang and FlashQLA compile in parallel.
+# Output: $OUT/<op>_<side>_<round>.json (records with --profile's kernels), their --compare tables on stdout,
 # the new kernel-cache entries (benchmarks/device_cache.sh) and $OUT/logs.tar.xz (bench, warm-up and test logs, in
 # $LOGS until the end): a call hands back at most 8 files.
 set -o pipefail
@@ -24,14 +26,19 @@ t0=$(date +%s)
 DEADLINE=${DEADLINE:-$(( t0 + 540 ))}
 op=${OP:-gdn} impls=${IMPLS:-tilela,flash_qla}
 [ -n "$CASES" ] || { echo "device_ab.sh: CASES (comma-separated case names of $op) is required" >&2; exit 2; }
-[ -d .devrun/base/src/tilela ] || { echo "device_ab.sh: no base tree in .devrun/base/src (see the header)" >&2
-                                     exit 2; }
 cache_in
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
-declare -A tree=([base]="/tmp/site:$PWD/.devrun/base/src" [head]="/tmp/site:$PWD/src")
+read -ra sides <<< "${SIDES:-base head}"
+declare -A tree
+for side in "${sides[@]}"; do
+  tree[$side]="/tmp/site:$PWD/.devrun/$side/src"
+  [ "$side" = head ] && tree[$side]="/tmp/site:$PWD/src"
+  [ -d "${tree[$side]#/tmp/site:}/tilela" ] || { echo "device_ab.sh: no tree for side $side in" \
+                                                  "${tree[$side]#/tmp/site:} (see the header)" >&2; exit 2; }
+done
 IFS=, read -ra cases <<< "$CASES"
 warm=()
-for side in base head; do
+for side in "${sides[@]}"; do
   for case in "${cases[@]}"; do
     PYTHONPATH=${tree[$side]} timeout "${WARM_TIMEOUT:-240}" python -m tilela.cli bench --op "$op" --impls "$impls" \
       --no-checks --replays 1 --cases "$case" --out "/tmp/warm-$side-$case.json" > "$LOGS/warm_${side}_$case.log" 2>&1 &
@@ -57,7 +64,7 @@ if [ -n "$TESTS" ]; then
 fi
 for ((round = 1; round <= ${ROUNDS:-2}; round++)); do
   [ $(( DEADLINE - $(date +%s) )) -lt 60 ] && { echo "round $round not started: the deadline is near"; break; }
-  for side in base head; do
+  for side in "${sides[@]}"; do
     left=$(( DEADLINE - $(date +%s) - 20 ))
     limit=${BENCH_TIMEOUT:-200}; [ "$left" -lt "$limit" ] && limit=$left; [ "$limit" -lt 1 ] && limit=1
     PYTHONPATH=${tree[$side]} timeout "$limit" python -m tilela.cli bench --op "$op" --impls "$impls" --replays 20 \
@@ -65,7 +72,10 @@ for ((round = 1; round <= ${ROUNDS:-2}; round++)); do
       > "$LOGS/bench_${side}_$round.log"
   done
   echo "== round $round ($(( $(date +%s) - t0 )) s)"
-  python -m tilela.cli bench --compare "$OUT/${op}_base_$round.json" "$OUT/${op}_head_$round.json"
+  for side in "${sides[@]:1}"; do
+    echo "-- $side against ${sides[0]}"
+    python -m tilela.cli bench --compare "$OUT/${op}_${sides[0]}_$round.json" "$OUT/${op}_${side}_$round.json"
+  done
 done
 cache_out
 tar cJf "$OUT/logs.tar.xz" -C "$LOGS" .
