@@ -20,8 +20,8 @@ forms KDA's A from its own score products and this file's inverse, tile_inverse)
 holds 64 / C independent chunks, so the tile matrix is block diagonal with C x C blocks, each inverted by the
 recursion of seed 000:
 
-  level 0   the four 16x16 diagonal blocks X_b = L_bb^-1, either by forward substitution, each lane forming one
-            column in registers (blocked) or by (I+L)^-1 = (I-L)(I+L^2)(I+L^4)(I+L^8) with fp16 GEMM operands and the
+  level 0   the four 16x16 diagonal blocks X_b = L_bb^-1, either by forward substitution, each lane forming COLS
+            columns in registers (blocked) or by (I+L)^-1 = (I-L)(I+L^2)(I+L^4)(I+L^8) with fp16 GEMM operands and the
             four blocks batched into one 64x16 @ 16x64 product whose diagonal blocks are kept (neumann);
   level 1   C >= 32: the 16x16 coupling -X_1 L_10 X_0 of each 32 half, two tensor-core GEMMs on -L_10 (negated
             at extraction) per head, its two halves' blocks side by side in one 32x16 by 16x32 product whose diagonal
@@ -58,6 +58,7 @@ from tvm.script.ir_builder import IRBuilder
 from .common import LOG2E, TILE, channel_score_dtype, exp_e, floored_log_gate, gate_tile, locate_tile
 
 BLOCK = 16  # diagonal block size of the recursion
+COLS = 2  # columns of a diagonal block's inverse one lane forms (level 0, blocked)
 KSTEP = 128  # K columns per GEMM step (one step for K <= 128)
 THREADS = 128
 ACC = "float32"
@@ -76,7 +77,7 @@ def inverse_buffers(C: int, P: int, method: str) -> SimpleNamespace:
     shapes = {  # name: (allocator, shape, dtype)
         "Xd": (T.alloc_shared, (P * NB, BLOCK + 1, BLOCK), ACC),
         "Lo": (T.alloc_shared, (P * NB // 2, BLOCK + 1, BLOCK), ACC),
-        "col": (T.alloc_local, (BLOCK,), ACC),  # a lane's column of its diagonal block's inverse
+        "col": (T.alloc_local, (COLS, BLOCK), ACC),  # a lane's columns of its diagonal block's inverse
     }
     if C >= 32:  # level 1's product of a head's two 32 halves, 16x16 blocks side by side
         shapes.update(F1=(T.alloc_fragment, (32, 32), ACC))
@@ -176,20 +177,26 @@ def tile_inverse(C: int, P: int, method: str, scaled: bool = False):
     def invert(Xd, Lo, M10, X00, X11, F32, F1, col, Q_a, Q_b, X_a, F, L1, out_s, beta_s, tx):
         # level 0: the P * NB diagonal 16x16 blocks
         if method == "blocked":
-            # lane (b, t) owns column t of block b (16 lanes per block, two blocks per warp; with P = 1 the upper 64
-            # threads have no block) and forms it down the rows in registers, X_rt = delta_rt - sum_m<r L_rm X_mt,
-            # reading only L, which no lane writes before all have read it: one barrier, not one a row
-            b = (tx // BLOCK) % (P * NB)
-            t = tx % BLOCK
-            lane = tx < P * NB * BLOCK
+            # lane (b, u) owns columns t = COLS u + j, j < COLS, of block b (BLOCK / COLS lanes a block) and forms
+            # them down the rows in registers, X_rt = delta_rt - sum_m<r L_rm X_mt: an entry of L a lane reads serves
+            # its COLS columns, so a warp's 16-byte read of L (a wavefront a quarter warp, whose lanes share one
+            # block) serves 32 COLS / BLOCK blocks. L is read only, and no lane writes before all have read it: one
+            # barrier, not one a row
+            lanes = BLOCK // COLS * P * NB
+            b = tx // (BLOCK // COLS) % (P * NB)
+            t = tx % (BLOCK // COLS) * COLS
+            lane = tx < (lanes + 31) // 32 * 32  # whole warps (the rest of the last repeats its blocks)
             if lane:
                 for r in T.unroll(BLOCK):
-                    col[r] = T.if_then_else(r == t, 1.0, 0.0)
+                    for j in T.unroll(COLS):
+                        col[j, r] = T.if_then_else(r == t + j, 1.0, 0.0)
                     for m in T.unroll(r):
-                        col[r] -= Xd[b, r, m] * col[m]
+                        for j in T.unroll(COLS):
+                            col[j, r] -= Xd[b, r, m] * col[j, m]
             if lane:
                 for r in T.unroll(BLOCK):
-                    Xd[b, r, t] = col[r]
+                    for j in T.unroll(COLS):
+                        Xd[b, r, t + j] = col[j, r]
         else:
             for p in T.unroll(P):
                 neumann_blocks(p, Xd, Q_a, Q_b, X_a, F)
