@@ -13,7 +13,8 @@
 # DEADLINE (epoch seconds, default 540 s from the start: no round starts after it less 60 s), SIDES (default
 # "base head": the trees timed in each round, in order; a side other than head is the tree in .devrun/<side>/src, and
 # every side after the base is compared with it). Before the rounds every case runs once per tree in a process of
-# its own (no timing) so that TileLang and FlashQLA compile in parallel.
+# its own (no timing) so that TileLang and FlashQLA compile in parallel, at most WARM_PROCS (default 10) at once:
+# they share the GPU's memory and the host's cores with the GPU tests.
 # Output: $OUT/<op>_<side>_<round>.json (records with --profile's kernels), their --compare tables on stdout,
 # the new kernel-cache entries (benchmarks/device_cache.sh) and $OUT/logs.tar.xz (bench, warm-up and test logs, in
 # $LOGS until the end): a call hands back at most 8 files.
@@ -37,14 +38,6 @@ for side in "${sides[@]}"; do
                                                   "${tree[$side]#/tmp/site:} (see the header)" >&2; exit 2; }
 done
 IFS=, read -ra cases <<< "$CASES"
-warm=()
-for side in "${sides[@]}"; do
-  for case in "${cases[@]}"; do
-    PYTHONPATH=${tree[$side]} timeout "${WARM_TIMEOUT:-240}" python -m tilela.cli bench --op "$op" --impls "$impls" \
-      --no-checks --replays 1 --cases "$case" --out "/tmp/warm-$side-$case.json" > "$LOGS/warm_${side}_$case.log" 2>&1 &
-    warm+=($!)
-  done
-done
 if [ -n "$TESTS" ]; then
   # shellcheck disable=SC2086  # TESTS is a list of paths or node ids
   OMP_NUM_THREADS=1 timeout -s INT -k 20 "${TEST_TIMEOUT:-300}" python -m pytest -v -p no:cacheprovider --tb=short \
@@ -52,6 +45,16 @@ if [ -n "$TESTS" ]; then
     > "$LOGS/pytest_gpu.log" &
   tests=$!
 fi
+warm=()
+running() { local n=0 pid; for pid in "${warm[@]}"; do kill -0 "$pid" 2>/dev/null && n=$((n + 1)); done; echo "$n"; }
+for side in "${sides[@]}"; do
+  for case in "${cases[@]}"; do
+    while [ "$(running)" -ge "${WARM_PROCS:-10}" ]; do sleep 1; done
+    PYTHONPATH=${tree[$side]} timeout "${WARM_TIMEOUT:-240}" python -m tilela.cli bench --op "$op" --impls "$impls" \
+      --no-checks --replays 1 --cases "$case" --out "/tmp/warm-$side-$case.json" > "$LOGS/warm_${side}_$case.log" 2>&1 &
+    warm+=($!)
+  done
+done
 wait "${warm[@]}"
 echo "warm-up: $(( $(date +%s) - t0 )) s"
 grep -h -E "Error|failed" "$LOGS"/warm_*.log | sort | uniq -c | head -10
