@@ -149,7 +149,7 @@ def tile_inverse(C: int, P: int, method: str, scaled: bool = False):
                         X_a[p, i, j % BLOCK] = Xd[p * NB + i // BLOCK, i % BLOCK, j % BLOCK]
 
     @T.macro
-    def level1_product(L1, F1, Lo, Q, last):
+    def level1_product(L1, F1, Lo, last):
         """Each head's L1[0] rows times L1[1] rows transposed (32 x 16 by 16 x 32, two 32 halves' blocks), the
         diagonal 16x16 blocks kept: into L1[0] (the next product's left operand), or into Lo where last."""
         for p in T.unroll(Q // 2):
@@ -208,14 +208,16 @@ def tile_inverse(C: int, P: int, method: str, scaled: bool = False):
             for q, s, m in T.Parallel(Q, BLOCK, BLOCK):
                 L1[0, q * BLOCK + s, m] = Xd[2 * q + 1, s, m]  # X_1
                 L1[1, q * BLOCK + s, m] = Lo[q, m, s]  # (-L_10)^T
-            level1_product(L1, F1, Lo, Q, 0)  # -X_1 L_10 into L1[0]
+            level1_product(L1, F1, Lo, 0)  # -X_1 L_10 into L1[0]
             for q, t, m in T.Parallel(Q, BLOCK, BLOCK):
                 L1[1, q * BLOCK + t, m] = Xd[2 * q, m, t]  # X_0^T
-            level1_product(L1, F1, Lo, Q, 1)  # -X_1 L_10 X_0 into Lo
+            level1_product(L1, F1, Lo, 1)  # -X_1 L_10 X_0 into Lo
 
         # assemble the block-diagonal inverse; row i keeps the C columns of its own chunk (the column of tile row j
-        # at j % C)
-        T.clear(out_s)
+        # at j % C): zeros in the blocks above the diagonal, the levels' blocks in the others
+        for i, p, j in T.Parallel(TILE, P, C):
+            if i % C // BLOCK < j // BLOCK:
+                out_s[i, p, j] = T.cast(0, out_s.dtype)
         for p, b, r, c in T.Parallel(P, NB, BLOCK, BLOCK):
             out_s[b * BLOCK + r, p, (b * BLOCK) % C + c] = column(Xd[p * NB + b, r, c], beta_s, p, b * BLOCK + c)
         if C >= 32:
@@ -314,7 +316,7 @@ def kkt_solve_kernel(chunk: int, method: str, dtype: str, gate: str, pair: int, 
         TMA load, waited for on `landed` (phase kb % 2; a later step's load starts once every thread has read the
         slice). Columns past K and rows past the tensor end arrive as zeros; rows past the sequence end hold the next
         sequence's, whatever their values: a product entry only meets the two rows it pairs, and every entry with a
-        row past the end is selected away (lower_entry), so they reach nothing a live row reads."""
+        row past the end is selected away (extract), so they reach nothing a live row reads."""
         if kb > 0:
             T.fence_proxy_async()
             T.sync_threads()
@@ -338,14 +340,48 @@ def kkt_solve_kernel(chunk: int, method: str, dtype: str, gate: str, pair: int, 
             raw[3] = dt_bias[T.min(hv, num_b - 1)]
 
     @T.macro
-    def lower_entry(KKs, beta_s, g_s, rows, p, bi, bj, r, c):
-        """L_ij = beta_i (K K^T)_ij exp(g_i - g_j) of head p, i = 16 bi + r > j = 16 bj + c in one chunk; 0 for
-        rows past the sequence end (selected, not multiplied: their exponent is unbounded)."""
-        i = bi * BLOCK + r
-        v = beta_s[p, i] * KKs[bi * (bi + 1) // 2 + bj, r, c]
-        if scalar:  # (a per-channel gate is inside KKs already)
-            v = v * T.exp2(g_s[p, i] - g_s[p, bj * BLOCK + c])
-        return T.if_then_else(i < rows, v, 0.0)
+    def extract_block(KKs, beta_s, g_s, rows, Xd, Lo, M10, kk, tx, bi, bj, dest, a):
+        """Thread tx's four entries of L (extract) in block (bi, bj) of each head into dest: 0 the diagonal block bi
+        of Xd (I + L), 1 Lo of 32 half a (-L), 2 M10's row block a (-L)."""
+        r = tx % (THREADS // 2) // (BLOCK // 4)
+        c0 = tx % (BLOCK // 4) * 4
+        for c in T.vectorized(4):
+            kk[c] = KKs[bi * (bi + 1) // 2 + bj, r, c0 + c]
+        for p in T.unroll(P):
+            i = bi * BLOCK + r
+            for c in T.vectorized(4):
+                # on a diagonal block, 1 strictly below the diagonal and 0 elsewhere: a factor, not a select, so the
+                # four entries stay one vector. The exponent is zeroed on and above the diagonal (>= 0 there), so
+                # those entries are exactly 0 and 1 wherever K K^T is finite (under the per-channel gate: within the
+                # e^-80 bound of gated_kkt; neumann reads them)
+                below = T.cast(c0 + c < r, ACC) if dest == 0 else 1.0
+                x = beta_s[p, i] * kk[c]
+                if scalar:
+                    x = x * T.exp2((g_s[p, i] - g_s[p, bj * BLOCK + c0 + c]) * below)
+                L = T.if_then_else(i < rows, x, 0.0)
+                if dest == 0:
+                    Xd[p * NB + bi, r, c0 + c] = L * below + T.cast(r == c0 + c, ACC)
+                elif dest == 1:
+                    Lo[p * 2 + a, r, c0 + c] = -L
+                else:
+                    M10[p, a * BLOCK + r, bj * BLOCK + c0 + c] = -L
+
+    @T.macro
+    def extract(KKs, beta_s, g_s, rows, Xd, Lo, M10, kk, tx):
+        """From K K^T's lower blocks, each head p's L_ij = beta_i (K K^T)_ij exp(g_i - g_j) (i = 16 bi + r > j =
+        16 bj + c in one chunk; a per-channel gate is in KKs already) into the inverse's inputs: I + L on the
+        diagonal blocks (Xd), -L_10 of each 32 half (Lo), -M_10 (M10, C == 64). Rows past the sequence end are 0
+        (selected, not multiplied: their exponent is unbounded). Thread tx forms four neighbouring entries of a
+        row, r = (tx % 64) / 4, c = 4 (tx % 4) + 0..3, of the block its half of the CTA (h = tx / 64) takes in each
+        step, two blocks a step: one 16-byte read of KKs (into kk) serves the P heads, one 16-byte store a head."""
+        h = tx // (THREADS // 2)
+        for step in T.unroll(NB // 2):  # the diagonal blocks 2 step + h
+            extract_block(KKs, beta_s, g_s, rows, Xd, Lo, M10, kk, tx, 2 * step + h, 2 * step + h, 0, 0)
+        if C >= 32:  # L_10 of 32 half h
+            extract_block(KKs, beta_s, g_s, rows, Xd, Lo, M10, kk, tx, 2 * h + 1, 2 * h, 1, h)
+        if C == 64:  # M_10's blocks (2 + a, h)
+            for a in T.unroll(2):
+                extract_block(KKs, beta_s, g_s, rows, Xd, Lo, M10, kk, tx, 2 + a, h, 2, a)
 
     @T.macro
     def gated_kkt(k_s, g_s, Qr, Kr, KK, KKs):
@@ -413,6 +449,7 @@ def kkt_solve_kernel(chunk: int, method: str, dtype: str, gate: str, pair: int, 
 
                 k_landed = None if channel else T.alloc_barrier(32)  # tma_k's (a warp arrives), one phase a K step
                 raw = T.alloc_local((4,), ACC)  # fetch's beta, gate, A_log and dt_bias of one row
+                kk = T.alloc_local((4,), ACC)  # extract's four entries of K K^T
                 fetch(beta, g, A_log, dt_bias, G, bz * group_steps, start, rows, hk, tx, raw)  # in flight during K K^T
 
                 # K K^T of the tile for the CTA's value heads (all of q/k head hk); its lower blocks go to shared
@@ -446,18 +483,7 @@ def kkt_solve_kernel(chunk: int, method: str, dtype: str, gate: str, pair: int, 
                             gated_kkt(k_s, gc_s, Qr, Kr, KK, KKs)
 
                         # extraction: I + L on the diagonal blocks, -L_10 and -M_10 off them (L_ij, i > j, same chunk)
-                        Xd, Lo, M10 = inv.Xd, inv.Lo, inv.M10
-                        for p, b, r, c in T.Parallel(P, NB, BLOCK, BLOCK):
-                            Xd[p * NB + b, r, c] = T.if_then_else(
-                                r == c, 1.0,
-                                T.if_then_else(c < r, lower_entry(KKs, beta_s, g_s, rows, p, b, b, r, c), 0.0))
-                        if C >= 32:
-                            for p, h, r, c in T.Parallel(P, NB // 2, BLOCK, BLOCK):
-                                Lo[p * 2 + h, r, c] = -lower_entry(KKs, beta_s, g_s, rows, p, 2 * h + 1, 2 * h, r, c)
-                        if C == 64:
-                            for p, r, c in T.Parallel(P, 32, 32):
-                                M10[p, r, c] = -lower_entry(KKs, beta_s, g_s, rows, p, 2 + r // BLOCK, c // BLOCK,
-                                                            r % BLOCK, c % BLOCK)
+                        extract(KKs, beta_s, g_s, rows, inv.Xd, inv.Lo, inv.M10, kk, tx)
 
                         invert(inv.Xd, inv.Lo, inv.M10, inv.X00, inv.X11, inv.F32, inv.F1, inv.col, inv.Q_a,
                                inv.Q_b, inv.X_a, inv.F, L1, out_s, beta_s, tx)
