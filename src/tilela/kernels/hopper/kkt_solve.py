@@ -341,8 +341,8 @@ def kkt_solve_kernel(chunk: int, method: str, dtype: str, gate: str, pair: int, 
 
     @T.macro
     def extract_block(KKs, beta_s, g_s, rows, Xd, Lo, M10, kk, tx, bi, bj, dest, a):
-        """Thread tx's four entries of L (extract) in block (bi, bj) of each head into dest: 0 the diagonal block bi
-        of Xd (I + L), 1 Lo of 32 half a (-L), 2 M10's row block a (-L)."""
+        """Thread tx's four entries of L (extract) in block (bi, bj) of each head into dest: "Xd" its diagonal block
+        bi (I + L), "Lo" that of 32 half a (-L), "M10" its row block a (-L)."""
         r = tx % (THREADS // 2) // (BLOCK // 4)
         c0 = tx % (BLOCK // 4) * 4
         for c in T.vectorized(4):
@@ -354,14 +354,14 @@ def kkt_solve_kernel(chunk: int, method: str, dtype: str, gate: str, pair: int, 
                 # four entries stay one vector. The exponent is zeroed on and above the diagonal (>= 0 there), so
                 # those entries are exactly 0 and 1 wherever K K^T is finite (under the per-channel gate: within the
                 # e^-80 bound of gated_kkt; neumann reads them)
-                below = T.cast(c0 + c < r, ACC) if dest == 0 else 1.0
+                below = T.cast(c0 + c < r, ACC) if dest == "Xd" else 1.0
                 x = beta_s[p, i] * kk[c]
                 if scalar:
                     x = x * T.exp2((g_s[p, i] - g_s[p, bj * BLOCK + c0 + c]) * below)
                 L = T.if_then_else(i < rows, x, 0.0)
-                if dest == 0:
+                if dest == "Xd":
                     Xd[p * NB + bi, r, c0 + c] = L * below + T.cast(r == c0 + c, ACC)
-                elif dest == 1:
+                elif dest == "Lo":
                     Lo[p * 2 + a, r, c0 + c] = -L
                 else:
                     M10[p, a * BLOCK + r, bj * BLOCK + c0 + c] = -L
@@ -376,12 +376,12 @@ def kkt_solve_kernel(chunk: int, method: str, dtype: str, gate: str, pair: int, 
         step, two blocks a step: one 16-byte read of KKs (into kk) serves the P heads, one 16-byte store a head."""
         h = tx // (THREADS // 2)
         for step in T.unroll(NB // 2):  # the diagonal blocks 2 step + h
-            extract_block(KKs, beta_s, g_s, rows, Xd, Lo, M10, kk, tx, 2 * step + h, 2 * step + h, 0, 0)
+            extract_block(KKs, beta_s, g_s, rows, Xd, Lo, M10, kk, tx, 2 * step + h, 2 * step + h, "Xd", 0)
         if C >= 32:  # L_10 of 32 half h
-            extract_block(KKs, beta_s, g_s, rows, Xd, Lo, M10, kk, tx, 2 * h + 1, 2 * h, 1, h)
+            extract_block(KKs, beta_s, g_s, rows, Xd, Lo, M10, kk, tx, 2 * h + 1, 2 * h, "Lo", h)
         if C == 64:  # M_10's blocks (2 + a, h)
             for a in T.unroll(2):
-                extract_block(KKs, beta_s, g_s, rows, Xd, Lo, M10, kk, tx, 2 + a, h, 2, a)
+                extract_block(KKs, beta_s, g_s, rows, Xd, Lo, M10, kk, tx, 2 + a, h, "M10", a)
 
     @T.macro
     def gated_kkt(k_s, g_s, Qr, Kr, KK, KKs):
