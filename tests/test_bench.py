@@ -3,7 +3,9 @@ and every case has a roofline (bytes, FLOPs) — the timing itself needs a GPU."
 
 import importlib
 import json
+import sys
 import time
+import types
 
 import pytest
 import torch
@@ -98,29 +100,98 @@ def test_markdown_ratios_and_floor():
     assert "| c | 1.0000 | 2.0000 (2.00) | 0.5000 | 2.00 |" in table
 
 
+class FakeEvent:
+    """torch.cuda.Event on the host clock: 12 ms between any two records; synchronize sleeps after the host's
+    clock stops (the device draining)."""
+
+    def __init__(self, enable_timing):
+        self.at = None
+
+    def record(self):
+        self.at = time.perf_counter()
+
+    def synchronize(self):
+        time.sleep(0.02)
+
+    def elapsed_time(self, end):
+        return 12.0
+
+
 def test_time_eager_host_time_per_call(monkeypatch):
     """time_eager: the events' ms per call and the host's, each divided over the input sets; the host's counts the
     calls alone (no device wait after them), so a call that blocks the host shows in it."""
-    class Event:
-        def __init__(self, enable_timing):
-            self.at = None
-
-        def record(self):
-            self.at = time.perf_counter()
-
-        def synchronize(self):
-            time.sleep(0.02)  # the device draining: after the host's clock stops
-
-        def elapsed_time(self, end):
-            return 12.0
-
-    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     calls = []
-    result = bench.time_eager(lambda x: (calls.append(x), time.sleep(0.004)), [1, 2, 3], replays=3, warmup=1)
+    result = bench.time_eager({"a": lambda x: (calls.append(x), time.sleep(0.004))}, [1, 2, 3], replays=3,
+                              warmup=1)
     assert calls == [1, 2, 3] * 4
-    assert result.ms == 4.0
-    assert 4.0 <= result.host_ms < 10.0
+    assert result["a"].ms == 4.0
+    assert 4.0 <= result["a"].host_ms < 10.0
+
+
+def test_time_eager_takes_the_implementations_in_turn(monkeypatch):
+    """time_eager with several fns: within every replay each fn runs its input sets once, in an order rotated from
+    replay to replay; a slow spell of the host (here the second replay) falls on every fn, not on one."""
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    turns = []
+
+    def fn(name, pause):
+        def call(x):
+            if x == 0:
+                turns.append(name)
+            time.sleep(pause * (5 if 4 <= len(turns) <= 6 else 1))  # the second replay's three turns slow
+        return call
+
+    result = bench.time_eager({"a": fn("a", 0.002), "b": fn("b", 0.006), "c": fn("c", 0.004)}, [0, 1],
+                              replays=3, warmup=0)
+    assert turns == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    assert result["a"].host_ms < result["c"].host_ms < result["b"].host_ms < 10  # medians: the slow replay outvoted
+
+
+def test_run_times_every_implementation_eagerly_in_one_interleaved_run(monkeypatch):
+    """bench.run: every implementation that ran is graph-timed alone and eager-timed in one time_eager call with the
+    others; one whose capture fails takes its eager time as its time; one that fails eagerly leaves the others'
+    columns (each then timed alone) and keeps its graph time; one that did not cover the case has no record."""
+    case = bench.Case("c", {})
+    fake = types.SimpleNamespace(BENCH=bench.Bench(
+        op="fake", cases=lambda quick: [case], check_cases=[],
+        make_inputs=lambda case, seed: {"x": torch.full((4,), float(seed + 1))},
+        impls={"ours": lambda case, x: x["x"] * 2, "graphless": lambda case, x: x["x"] * 2.5,
+               "flaky": lambda case, x: x["x"] * 3, "absent": lambda case, x: None},
+        reference=lambda case, x: x["x"] * 2, cost=lambda case: {"bytes": 4.3e9, "flops": 0.0}))
+    monkeypatch.setitem(sys.modules, "tilela_fake_bench", fake)
+    monkeypatch.setitem(bench.OPS, "fake", "tilela_fake_bench")
+    monkeypatch.setattr(bench, "device_info", lambda: {"name": "fake", "l2_bytes": 1})
+    monkeypatch.setattr(bench, "peak_bytes", lambda fn, x: 0)
+    graph_fns = {}
+
+    def time_graph(fn, input_sets, replays):
+        graph_fns[len(graph_fns)] = fn
+        if len(graph_fns) == 2:
+            raise RuntimeError("capture: the call synchronises")
+        return 1.0 + len(graph_fns)
+
+    eager_calls = []
+
+    def time_eager(fns, input_sets, replays):
+        eager_calls.append(sorted(fns))
+        if "flaky" in fns:
+            raise RuntimeError("eager: flaky")
+        return {name: bench.EagerTime(10.0, 0.1) for name in fns}
+
+    monkeypatch.setattr(bench, "time_graph", time_graph)
+    monkeypatch.setattr(bench, "time_eager", time_eager)
+    records = bench.run("fake", replays=2)
+    assert eager_calls == [["flaky", "graphless", "ours"], ["ours"], ["graphless"], ["flaky"]]
+    by_impl = {r["impl"]: r for r in records}
+    assert set(by_impl) == {"ours", "graphless", "flaky"}
+    assert (by_impl["ours"]["ms"], by_impl["ours"]["eager_ms"], by_impl["ours"]["timing"]) == (2.0, 10.0,
+                                                                                               "cuda_graph")
+    assert (by_impl["graphless"]["ms"], by_impl["graphless"]["timing"]) == (10.0, "eager")
+    assert (by_impl["flaky"]["ms"], by_impl["flaky"]["eager_ms"]) == (4.0, None)
+    assert by_impl["graphless"]["rel_err_vs"]["ours"] > 0.2
 
 
 def test_markdown_eager_columns_and_geometric_means():

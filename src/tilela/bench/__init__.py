@@ -6,11 +6,11 @@ the roofline counts of a case. For every case the harness
   - runs every implementation once eagerly (JIT compile / autotune, outside the timing), compares its output on
     input set 0 with the first implementation's (`rel_err_vs`), and times it as a CUDA graph replaying one call per
     input set: median over `replays` replays of (replay time / rotations), warm-up replays excluded;
-and times it eagerly too (`eager_ms`: one call per input set from the host, launch gaps and host overhead
-included, as a serving engine runs prefill without a graph; `host_ms`: the host's time to issue a call, which
-eager_ms hides while the device is the slower: time_eager) and records its peak device memory (`peak_bytes`: one
-call's outputs and workspace beyond the inputs); on the op's small check cases it compares every
-implementation with the float64 reference (`rel_err`).
+and times every implementation eagerly too, the implementations in turn within each replay (`eager_ms`: one call
+per input set from the host, launch gaps and host overhead included, as a serving engine runs prefill without a
+graph; `host_ms`: the host's time to issue a call, which eager_ms hides while the device is the slower:
+time_eager), and records each one's peak device memory (`peak_bytes`: one call's outputs and workspace beyond the
+inputs); on the op's small check cases it compares every implementation with the float64 reference (`rel_err`).
 Records (op, case, impl, ms, rel_err, rel_err_vs, floor, device, versions) go to a JSON file under
 benchmarks/results/, and a markdown table with the ratios to the first implementation and the roofline floor
 (bytes / 4.3 TB/s, FLOPs / 790 TFLOP/s) is printed.
@@ -180,26 +180,34 @@ class EagerTime(NamedTuple):
     host_ms: float
 
 
-def time_eager(fn: Callable[[dict[str, Any]], Any], input_sets: list[dict[str, Any]], replays: int,
-               warmup: int = 3) -> EagerTime:
-    """fn called eagerly once per input set (for calls a CUDA graph cannot capture, e.g. ones that synchronise with
-    the host, and as serving engines run prefill): medians over replays of the per-call time (EagerTime)."""
+def time_eager(fns: dict[str, Callable[[dict[str, Any]], Any]], input_sets: list[dict[str, Any]], replays: int,
+               warmup: int = 3) -> dict[str, EagerTime]:
+    """Every fn called eagerly once per input set (for calls a CUDA graph cannot capture, e.g. ones that synchronise
+    with the host, and as serving engines run prefill): medians over replays of the per-call time, by fn's name
+    (EagerTime). Within a replay the fns run in turn, each from an idle device, their order rotated from replay to
+    replay: a slow spell of the host (another process, a collection) falls on every fn alike instead of on
+    whichever was timed during it, so their ratios hold within one run."""
+    names = list(fns)
     for _ in range(warmup):
-        for x in input_sets:
-            fn(x)
+        for name in names:
+            for x in input_sets:
+                fns[name](x)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times, host = [], []
-    torch.cuda.synchronize()  # each replay then starts on an idle device (the one before it waited for its end)
-    for _ in range(replays):
-        start.record()
-        began = time.perf_counter()
-        for x in input_sets:
-            fn(x)
-        host.append((time.perf_counter() - began) * 1e3 / len(input_sets))
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / len(input_sets))
-    return EagerTime(statistics.median(times), statistics.median(host))
+    times: dict[str, list[float]] = {name: [] for name in names}
+    host: dict[str, list[float]] = {name: [] for name in names}
+    torch.cuda.synchronize()  # each fn's turn then starts on an idle device (the one before it waited for its end)
+    for replay in range(replays):
+        for i in range(len(names)):
+            name = names[(replay + i) % len(names)]
+            start.record()
+            began = time.perf_counter()
+            for x in input_sets:
+                fns[name](x)
+            host[name].append((time.perf_counter() - began) * 1e3 / len(input_sets))
+            end.record()
+            end.synchronize()
+            times[name].append(start.elapsed_time(end) / len(input_sets))
+    return {name: EagerTime(statistics.median(times[name]), statistics.median(host[name])) for name in names}
 
 
 def peak_bytes(fn: Callable[[dict[str, Any]], Any], inputs: dict[str, Any]) -> int:
@@ -288,6 +296,7 @@ def run(op: str, quick: bool = False, replays: int = 30, impls: list[str] | None
             rotations = max(2, min(32, math.ceil(2 * l2 / max(input_bytes(first), 1))))
             input_sets = [first] + [bench.make_inputs(case, seed) for seed in range(1, rotations)]
             baseline = None
+            timed = {}  # impl -> (its call, graph ms or None where capture failed, rel_err_vs)
             for impl, fn in chosen.items():
                 out, error = _attempt(fn, case, first)
                 if out is None and error is None:
@@ -297,29 +306,40 @@ def run(op: str, quick: bool = False, replays: int = 30, impls: list[str] | None
                         baseline, base_impl = out, impl
                     err = rel_l2(out, baseline)
                     del out
-                    timing = "cuda_graph"
-                    ms, error = _attempt(time_graph, lambda x, fn=fn: fn(case, x), input_sets, replays)
-                    eager = None
+                    call = lambda x, fn=fn: fn(case, x)  # noqa: E731
+                    ms, error = _attempt(time_graph, call, input_sets, replays)
                     if error is not None:
                         bar.echo(f"{case.name:40s} {impl:24s} graph capture failed ({error}); timing eagerly")
-                        timing = "eager"
-                        eager, error = _attempt(time_eager, lambda x, fn=fn: fn(case, x), input_sets, replays)
-                        ms = None if eager is None else eager.ms
+                        ms, error = None, None
                 if error is not None:
                     record(case, impl, kind="time", ms=None, rel_err=None, rel_err_vs=None, error=error)
                     bar.echo(f"{case.name:40s} {impl:24s} failed: {error}")
                     continue
-                if eager is None:
-                    eager = _attempt(time_eager, lambda x, fn=fn: fn(case, x), input_sets, replays)[0]
-                eager_ms, host_ms = (None, None) if eager is None else eager
-                peak = _attempt(peak_bytes, lambda x, fn=fn: fn(case, x), first)[0]
+                timed[impl] = (call, ms, err)
+            eager, error = _attempt(time_eager, {impl: call for impl, (call, _, _) in timed.items()}, input_sets,
+                                    replays)
+            errors = dict.fromkeys(timed, error)
+            if eager is None:  # one implementation failing eagerly: the others timed alone keep their columns
+                eager = {}
+                for impl, (call, _, _) in timed.items():
+                    alone, errors[impl] = _attempt(time_eager, {impl: call}, input_sets, replays)
+                    eager.update(alone or {})
+            for impl, (call, ms, err) in timed.items():
+                timing = "cuda_graph" if ms is not None else "eager"
+                eager_ms, host_ms = eager.get(impl, (None, None))
+                if ms is None and eager_ms is None:
+                    record(case, impl, kind="time", ms=None, rel_err=None, rel_err_vs=None, error=errors[impl])
+                    bar.echo(f"{case.name:40s} {impl:24s} failed: {errors[impl]}")
+                    continue
+                ms = eager_ms if ms is None else ms
+                peak = _attempt(peak_bytes, call, first)[0]
                 record(case, impl, kind="time", ms=ms, eager_ms=eager_ms, host_ms=host_ms, peak_bytes=peak,
                        rel_err=None, rel_err_vs={base_impl: err}, rotations=rotations, timing=timing)
-                shown = "-" if eager is None else f"{eager_ms:.4f}, host {host_ms:.4f}"
+                shown = "-" if eager_ms is None else f"{eager_ms:.4f}, host {host_ms:.4f}"
                 bar.echo(f"{case.name:40s} {impl:24s} {ms:9.4f} ms (eager {shown})  vs {base_impl}: {err:.2e} "
                          f"({timing})")
                 if profile:
-                    kernels, error = _attempt(kernel_times, lambda x, fn=fn: fn(case, x), first)
+                    kernels, error = _attempt(kernel_times, call, first)
                     records[-1].update(kernels=kernels, kernels_error=error)
                     for name, us in (kernels or {}).items():
                         bar.echo(f"{'':40s} {'':24s} {us:9.1f} us  {kernel_label(name)}")
