@@ -100,98 +100,141 @@ def test_markdown_ratios_and_floor():
     assert "| c | 1.0000 | 2.0000 (2.00) | 0.5000 | 2.00 |" in table
 
 
-class FakeEvent:
-    """torch.cuda.Event on the host clock: 12 ms between any two records; synchronize sleeps after the host's
-    clock stops (the device draining)."""
+class FakeDevice:
+    """The host's clock (time.perf_counter) and a device queue in simulated ms: a call takes `host` ms of the host
+    and then queues `device` ms of work; torch.cuda's events record when the queue reaches them, and synchronising
+    waits for it."""
 
-    def __init__(self, enable_timing):
-        self.at = None
+    def __init__(self, monkeypatch):
+        self.now = self.busy = 0.0
+        device = self
 
-    def record(self):
-        self.at = time.perf_counter()
+        class Event:
+            def __init__(self, enable_timing):
+                self.at = None
 
-    def synchronize(self):
-        time.sleep(0.02)
+            def record(self):
+                self.at = max(device.now, device.busy)
 
-    def elapsed_time(self, end):
-        return 12.0
+            def synchronize(self):
+                device.now = max(device.now, self.at)
+
+            def elapsed_time(self, end):
+                return end.at - self.at
+
+        monkeypatch.setattr(torch.cuda, "Event", Event)
+        monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+        monkeypatch.setattr(time, "perf_counter", lambda: self.now / 1e3)
+
+    def call(self, host: float, device: float) -> None:
+        self.now += host
+        self.busy = max(self.busy, self.now) + device
 
 
 def test_time_eager_host_time_per_call(monkeypatch):
-    """time_eager: the events' ms per call and the host's, each divided over the input sets; the host's counts the
-    calls alone (no device wait after them), so a call that blocks the host shows in it."""
-    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    """time_eager: the device's ms per call (from the first launch to the queue's end) and the host's, each divided
+    over the input sets; the host's counts the calls alone (no device wait after them)."""
+    device = FakeDevice(monkeypatch)
     calls = []
-    result = bench.time_eager({"a": lambda x: (calls.append(x), time.sleep(0.004))}, [1, 2, 3], replays=3,
-                              warmup=1)
-    assert calls == [1, 2, 3] * 4
-    assert result["a"].ms == 4.0
-    assert 4.0 <= result["a"].host_ms < 10.0
+
+    def fn(x):
+        calls.append(x)
+        device.call(host=4.0, device=6.0)
+
+    times, errors = bench.time_eager({"a": fn}, [1, 2, 3], replays=3, warmup=1)
+    assert calls == [1, 2, 3] * 4 and errors == {}
+    assert times["a"].ms == pytest.approx(22.0 / 3)  # the device: 4 ms to the first launch, then 3 x 6 queued
+    assert times["a"].host_ms == pytest.approx(4.0)
 
 
 def test_time_eager_takes_the_implementations_in_turn(monkeypatch):
-    """time_eager with several fns: within every replay each fn runs its input sets once, in an order rotated from
-    replay to replay; a slow spell of the host (here the second replay) falls on every fn, not on one."""
-    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    """time_eager with several fns: within every replay each fn runs its input sets once, from an idle device, in an
+    order rotated from replay to replay and reversed on every other one; a slow spell of the host (the second replay)
+    falls on every fn, and the medians leave it out. A fn that raises in its warm-up is left out with its error."""
+    device = FakeDevice(monkeypatch)
     turns = []
 
-    def fn(name, pause):
+    def fn(name, host):
         def call(x):
             if x == 0:
                 turns.append(name)
-            time.sleep(pause * (5 if 4 <= len(turns) <= 6 else 1))  # the second replay's three turns slow
+            device.call(host=host * (5 if 7 <= len(turns) <= 9 else 1), device=1.0)  # the second replay slow
         return call
 
-    result = bench.time_eager({"a": fn("a", 0.002), "b": fn("b", 0.006), "c": fn("c", 0.004)}, [0, 1],
-                              replays=3, warmup=0)
-    assert turns == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
-    assert result["a"].host_ms < result["c"].host_ms < result["b"].host_ms < 10  # medians: the slow replay outvoted
+    def broken(x):
+        raise RuntimeError("no kernel for this case")
+
+    times, errors = bench.time_eager({"a": fn("a", 2.0), "b": fn("b", 6.0), "broken": broken, "c": fn("c", 4.0)},
+                                     [0, 1], replays=3, warmup=1)
+    assert turns == ["a", "b", "c"] + ["a", "b", "c", "a", "c", "b", "c", "a", "b"]  # the warm-up, then the replays
+    assert {name: t.host_ms for name, t in times.items()} == pytest.approx({"a": 2.0, "b": 6.0, "c": 4.0})
+    assert {name: t.ms for name, t in times.items()} == pytest.approx({"a": 2.5, "b": 6.5, "c": 4.5})
+    assert errors == {"broken": "RuntimeError: no kernel for this case"}
 
 
-def test_run_times_every_implementation_eagerly_in_one_interleaved_run(monkeypatch):
-    """bench.run: every implementation that ran is graph-timed alone and eager-timed in one time_eager call with the
-    others; one whose capture fails takes its eager time as its time; one that fails eagerly leaves the others'
-    columns (each then timed alone) and keeps its graph time; one that did not cover the case has no record."""
+def fake_bench(monkeypatch, impls):
+    """bench.run("fake") over one case with these impls, graph and eager timing replaced: time_graph gives 2.0 ms
+    but raises for impls["graphless"] (told apart by the tensor it returns, the same every call); time_eager gives
+    every fn 10.0 ms, raises where an impl named "flaky" is among them, and records the names it got."""
     case = bench.Case("c", {})
     fake = types.SimpleNamespace(BENCH=bench.Bench(
         op="fake", cases=lambda quick: [case], check_cases=[],
-        make_inputs=lambda case, seed: {"x": torch.full((4,), float(seed + 1))},
-        impls={"ours": lambda case, x: x["x"] * 2, "graphless": lambda case, x: x["x"] * 2.5,
-               "flaky": lambda case, x: x["x"] * 3, "absent": lambda case, x: None},
+        make_inputs=lambda case, seed: {"x": torch.full((4,), float(seed + 1))}, impls=impls,
         reference=lambda case, x: x["x"] * 2, cost=lambda case: {"bytes": 4.3e9, "flops": 0.0}))
     monkeypatch.setitem(sys.modules, "tilela_fake_bench", fake)
     monkeypatch.setitem(bench.OPS, "fake", "tilela_fake_bench")
     monkeypatch.setattr(bench, "device_info", lambda: {"name": "fake", "l2_bytes": 1})
     monkeypatch.setattr(bench, "peak_bytes", lambda fn, x: 0)
-    graph_fns = {}
+    eager_calls = []
 
     def time_graph(fn, input_sets, replays):
-        graph_fns[len(graph_fns)] = fn
-        if len(graph_fns) == 2:
+        if fn({"x": torch.ones(4)}) is impls["graphless"](None, {"x": torch.ones(4)}):
             raise RuntimeError("capture: the call synchronises")
-        return 1.0 + len(graph_fns)
-
-    eager_calls = []
+        return 2.0
 
     def time_eager(fns, input_sets, replays):
         eager_calls.append(sorted(fns))
         if "flaky" in fns:
             raise RuntimeError("eager: flaky")
-        return {name: bench.EagerTime(10.0, 0.1) for name in fns}
+        return {name: bench.EagerTime(10.0, 0.1) for name in fns}, {}
 
     monkeypatch.setattr(bench, "time_graph", time_graph)
     monkeypatch.setattr(bench, "time_eager", time_eager)
-    records = bench.run("fake", replays=2)
-    assert eager_calls == [["flaky", "graphless", "ours"], ["ours"], ["graphless"], ["flaky"]]
+    return bench.run("fake", replays=2), eager_calls
+
+
+def test_run_times_every_implementation_eagerly_in_one_interleaved_run(monkeypatch):
+    """bench.run: every implementation that ran is graph-timed alone and eager-timed in one time_eager call with the
+    others; one whose capture fails takes its eager time as its time; one that raises on its first call is recorded
+    failed; one that does not cover the case has no record."""
+    graphless_out = torch.zeros(4)
+
+    def raiser(case, x):
+        raise ValueError("q: expected bf16")
+
+    impls = {"ours": lambda case, x: x["x"] * 2, "graphless": lambda case, x: graphless_out, "raiser": raiser,
+             "absent": lambda case, x: None}
+    records, eager_calls = fake_bench(monkeypatch, impls)
+    assert eager_calls == [["graphless", "ours"]]
+    assert [(r["impl"], r["ms"], r.get("eager_ms"), r.get("timing"), r["error"] is not None if "error" in r else False)
+            for r in records] == [("raiser", None, None, None, True), ("ours", 2.0, 10.0, "cuda_graph", False),
+                                  ("graphless", 10.0, 10.0, "eager", False)]
+    assert records[2]["rel_err_vs"]["ours"] == 1.0
+
+
+def test_run_keeps_graph_times_when_the_eager_run_fails(monkeypatch):
+    """bench.run: where the joint eager run raises, every implementation keeps its graph time without an eager one,
+    and one without a graph time is recorded failed with the eager run's error."""
+    graphless = torch.zeros(4)
+    impls = {"ours": lambda case, x: x["x"] * 2, "flaky": lambda case, x: x["x"] * 3,
+             "graphless": lambda case, x: graphless, "absent": lambda case, x: None}
+    records, eager_calls = fake_bench(monkeypatch, impls)
+    assert eager_calls == [["flaky", "graphless", "ours"]]
     by_impl = {r["impl"]: r for r in records}
-    assert set(by_impl) == {"ours", "graphless", "flaky"}
-    assert (by_impl["ours"]["ms"], by_impl["ours"]["eager_ms"], by_impl["ours"]["timing"]) == (2.0, 10.0,
-                                                                                               "cuda_graph")
-    assert (by_impl["graphless"]["ms"], by_impl["graphless"]["timing"]) == (10.0, "eager")
-    assert (by_impl["flaky"]["ms"], by_impl["flaky"]["eager_ms"]) == (4.0, None)
-    assert by_impl["graphless"]["rel_err_vs"]["ours"] > 0.2
+    assert len(records) == 3
+    assert (by_impl["ours"]["ms"], by_impl["ours"]["eager_ms"]) == (2.0, None)
+    assert (by_impl["flaky"]["ms"], by_impl["flaky"]["eager_ms"]) == (2.0, None)
+    assert by_impl["graphless"]["ms"] is None and by_impl["graphless"]["error"] == "RuntimeError: eager: flaky"
 
 
 def test_markdown_eager_columns_and_geometric_means():

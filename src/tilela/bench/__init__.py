@@ -129,7 +129,12 @@ def _attempt(fn, *args):
     try:
         return fn(*args), None
     except Exception as exc:  # noqa: BLE001 - reported in the records and the table
-        return None, f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+        return None, _error_text(exc)
+
+
+def _error_text(exc: Exception) -> str:
+    """An error as the records and the table show it: its type and its first line (200 characters at most)."""
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
 
 
 def device_info() -> dict[str, Any]:
@@ -181,24 +186,32 @@ class EagerTime(NamedTuple):
 
 
 def time_eager(fns: dict[str, Callable[[dict[str, Any]], Any]], input_sets: list[dict[str, Any]], replays: int,
-               warmup: int = 3) -> dict[str, EagerTime]:
+               warmup: int = 3) -> tuple[dict[str, EagerTime], dict[str, str]]:
     """Every fn called eagerly once per input set (for calls a CUDA graph cannot capture, e.g. ones that synchronise
     with the host, and as serving engines run prefill): medians over replays of the per-call time, by fn's name
-    (EagerTime). Within a replay the fns run in turn, each from an idle device, their order rotated from replay to
-    replay: a slow spell of the host (another process, a collection) falls on every fn alike instead of on
-    whichever was timed during it, so their ratios hold within one run."""
-    names = list(fns)
-    for _ in range(warmup):
-        for name in names:
-            for x in input_sets:
-                fns[name](x)
+    (EagerTime), and the errors (as text, by name) of the fns left out because they raised in their warm-up calls.
+    Within a replay the fns run in turn, each from an idle device, in an order rotated from replay to replay and
+    reversed on every other one (so no fn always follows the same one): a slow spell of the host (another process,
+    a collection) falls on every fn alike instead of on whichever was timed during it, so their ratios hold within
+    one run."""
+    errors = {}
+    for name, fn in fns.items():
+        try:
+            for _ in range(warmup):
+                for x in input_sets:
+                    fn(x)
+        except Exception as exc:  # noqa: BLE001 - the others are timed; the caller records this one's error
+            errors[name] = _error_text(exc)
+    names = [name for name in fns if name not in errors]
+    if not names:
+        return {}, errors
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     times: dict[str, list[float]] = {name: [] for name in names}
     host: dict[str, list[float]] = {name: [] for name in names}
     torch.cuda.synchronize()  # each fn's turn then starts on an idle device (the one before it waited for its end)
     for replay in range(replays):
-        for i in range(len(names)):
-            name = names[(replay + i) % len(names)]
+        turns = names[replay % len(names):] + names[:replay % len(names)]
+        for name in turns[::-1] if replay % 2 else turns:
             start.record()
             began = time.perf_counter()
             for x in input_sets:
@@ -207,7 +220,7 @@ def time_eager(fns: dict[str, Callable[[dict[str, Any]], Any]], input_sets: list
             end.record()
             end.synchronize()
             times[name].append(start.elapsed_time(end) / len(input_sets))
-    return {name: EagerTime(statistics.median(times[name]), statistics.median(host[name])) for name in names}
+    return {name: EagerTime(statistics.median(times[name]), statistics.median(host[name])) for name in names}, errors
 
 
 def peak_bytes(fn: Callable[[dict[str, Any]], Any], inputs: dict[str, Any]) -> int:
@@ -318,12 +331,7 @@ def run(op: str, quick: bool = False, replays: int = 30, impls: list[str] | None
                 timed[impl] = (call, ms, err)
             eager, error = _attempt(time_eager, {impl: call for impl, (call, _, _) in timed.items()}, input_sets,
                                     replays)
-            errors = dict.fromkeys(timed, error)
-            if eager is None:  # one implementation failing eagerly: the others timed alone keep their columns
-                eager = {}
-                for impl, (call, _, _) in timed.items():
-                    alone, errors[impl] = _attempt(time_eager, {impl: call}, input_sets, replays)
-                    eager.update(alone or {})
+            eager, errors = eager or ({}, dict.fromkeys(timed, error))
             for impl, (call, ms, err) in timed.items():
                 timing = "cuda_graph" if ms is not None else "eager"
                 eager_ms, host_ms = eager.get(impl, (None, None))
