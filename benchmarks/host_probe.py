@@ -71,7 +71,7 @@ def case_inputs(case) -> dict:
     return x
 
 
-def median_us(fn, calls: int = 300, warmup: int = 10) -> float:
+def median_us(fn, calls: int = 300, warmup: int = 100) -> float:
     for _ in range(warmup):
         fn()
     times = []

@@ -111,8 +111,9 @@ class Schedule(NamedTuple):
 
 
 def flat(x: torch.Tensor) -> torch.Tensor:
-    """[B, T, ...] as [1, B * T, ...]: the tile-parallel kernels' token layout."""
-    return x.reshape(1, x.shape[0] * x.shape[1], *x.shape[2:])
+    """[B, T, ...] as [1, B * T, ...]: the tile-parallel kernels' token layout (x itself where B = 1, so a varlen
+    call pays no view per launch argument)."""
+    return x if x.shape[0] == 1 else x.reshape(1, x.shape[0] * x.shape[1], *x.shape[2:])
 
 
 # ---- stages ------------------------------------------------------------------------------------------------------

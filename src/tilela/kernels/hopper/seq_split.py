@@ -124,7 +124,7 @@ def split_forward(transitions, outputs, combine, q, k, v, g, beta, A, initial_st
     takes), the outputs pass o and each segment's final state, of which a sequence's last is its own (under the
     warm-up the outputs pass reads the initial states and stores the sequences' final states itself)."""
     B, Tn, HV, V = v.shape
-    q1, k1, v1, g1, beta1, A1 = (None if x is None else x.reshape(1, B * Tn, *x.shape[2:])
+    q1, k1, v1, g1, beta1, A1 = (x if x is None or B == 1 else x.reshape(1, B * Tn, *x.shape[2:])
                                  for x in (q, k, v, g, beta, A))
     table = segment_table(split, v.device)
     if A is None:
