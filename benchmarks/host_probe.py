@@ -13,8 +13,8 @@ the kernels the call would launch, in order.
 
 What it leaves out is the GPU's share of the host time: TileLang's per-launch argument conversion and the launch
 itself, CUDA allocations (here CPU ones, which for a large layout's outputs map fresh pages every call: those cases
-read high). `tilela bench` records the host time of a whole call on the device (host_ms);
-the difference is what the launches cost there.
+read high). `tilela bench` records the host time of a whole call on the device (host_ms); the difference is what
+the launches cost there.
 """
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ from .kkt_solve import kkt_solve_kernel
 from .l2norm import l2norm_kernel
 from .plan import Plan
 from .seq_combine import seq_combine_kernel
-from .seq_split import segment_table
+from .seq_split import flat, segment_table
 from .warmup import warmup_table_kernel
 
 STATE_PASSES = {"ws": chunk_fwd_ws_kernel, "loop": chunk_fwd_kernel}
@@ -108,12 +108,6 @@ class Schedule(NamedTuple):
     @property
     def grid(self) -> tuple[int, int, int]:
         return self.num_slots, self.dense_len, self.search_steps
-
-
-def flat(x: torch.Tensor) -> torch.Tensor:
-    """[B, T, ...] as [1, B * T, ...]: the tile-parallel kernels' token layout (x itself where B = 1, so a varlen
-    call pays no view per launch argument)."""
-    return x if x.shape[0] == 1 else x.reshape(1, x.shape[0] * x.shape[1], *x.shape[2:])
 
 
 # ---- stages ------------------------------------------------------------------------------------------------------

@@ -91,10 +91,16 @@ VIEWS_KEPT = EAGER_TABLES
 def segment_table(plan: SegmentPlan, device: torch.device) -> SegmentTable:
     """The plan's SegmentTable on the device, in one table of host_tables (one non-blocking copy on a GPU, none
     when the plan's table is there already), viewed once per table while it is among the VIEWS_KEPT latest."""
-    flat = device_table(_flat_table, plan, device)
+    packed = device_table(_flat_table, plan, device)
     S, N, M = plan.num_segments, len(plan.lengths), plan.num_split
-    return latest(_VIEWS, id(flat), lambda: (flat, SegmentTable(*flat.split([S + 1, N + 1, N, S, M, N - M, N - M]))),
-                  VIEWS_KEPT)[1]
+    return latest(_VIEWS, id(packed), lambda: (packed, SegmentTable(*packed.split([S + 1, N + 1, N, S, M, N - M,
+                                                                                  N - M]))), VIEWS_KEPT)[1]
+
+
+def flat(x: torch.Tensor) -> torch.Tensor:
+    """[B, T, ...] as [1, B * T, ...]: the tile-parallel kernels' and the split's token layout (x itself where B = 1,
+    so a varlen call pays no view per launch argument)."""
+    return x if x.shape[0] == 1 else x.reshape(1, x.shape[0] * x.shape[1], *x.shape[2:])
 
 
 def split_forward(transitions, outputs, combine, q, k, v, g, beta, A, initial_state, output_final_state,
@@ -124,8 +130,7 @@ def split_forward(transitions, outputs, combine, q, k, v, g, beta, A, initial_st
     takes), the outputs pass o and each segment's final state, of which a sequence's last is its own (under the
     warm-up the outputs pass reads the initial states and stores the sequences' final states itself)."""
     B, Tn, HV, V = v.shape
-    q1, k1, v1, g1, beta1, A1 = (x if x is None or B == 1 else x.reshape(1, B * Tn, *x.shape[2:])
-                                 for x in (q, k, v, g, beta, A))
+    q1, k1, v1, g1, beta1, A1 = (None if x is None else flat(x) for x in (q, k, v, g, beta, A))
     table = segment_table(split, v.device)
     if A is None:
         _, B_seg = transitions(q1, k1, v1, g1, beta1, A1, None, table.cu_segments, table.order)
