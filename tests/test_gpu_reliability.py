@@ -69,12 +69,20 @@ def test_gdn_past_int32_elements_against_fla_and_float64():
     ref_o, ref_S = reference.chunked(*(x[n][:, tail].cpu() for n in ("q", "k", "v", "g", "beta")),
                                      initial_state=x["initial_state"][1:].cpu())
     assert rel_l2(o[:, tail], ref_o) < 1e-2 and rel_l2(S[1:], ref_S) < 1e-2
+    end = slice(lengths[0] - 4096, lengths[0])
+    o_end = o[:, end].clone()
+    del o
+    torch.cuda.empty_cache()
+    # FLA's call holds its chunk states (NT * HV * K * V in bf16) and four tensors of v's size (w, u, v_new, o)
+    need = 2 * (lengths[0] // 64 + 2) * HV * K * K + 4 * x["v"].numel() * 2
+    free = torch.cuda.mem_get_info()[0]
+    if free < need:  # other processes on the device (parallel test workers)
+        pytest.skip(f"FLA's comparison needs {need / 2**30:.1f} GiB free on the device, {free / 2**30:.1f} GiB free")
     cu = torch.tensor([0, lengths[0], sum(lengths)], device="cuda")  # tilela.bench set FLA_FLASH_QLA=0 on import
     fla_o, fla_S = fla.chunk_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"],
                                               initial_state=x["initial_state"], output_final_state=True,
                                               cu_seqlens=cu, cu_seqlens_cpu=cu.cpu())
-    end = slice(lengths[0] - 4096, lengths[0])
-    assert rel_l2(o[:, end], fla_o[:, end]) < 1e-2 and rel_l2(S, fla_S) < 1e-2
+    assert rel_l2(o_end, fla_o[:, end]) < 1e-2 and rel_l2(S, fla_S) < 1e-2
     assert rel_l2(fla_o[:, tail], ref_o) < 1e-2
 
 
