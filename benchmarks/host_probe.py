@@ -1,7 +1,7 @@
 """The host's Python time of our GDN op on the CPU, the kernels left out: what a call costs the host before and
 between its launches (validation, the plan, the launchers' allocations and arguments), without a GPU.
 
-    python benchmarks/host_probe.py CASE[,CASE...] [--profile]
+    python benchmarks/host_probe.py CASE[,CASE...] [--profile] [--device]
 
 For each case name of `tilela bench --op gdn` it builds the case's inputs on the CPU (random values of the right
 shapes and dtypes; cu_seqlens with its host copy, as the bench passes them) and calls tilela.chunk_gated_delta_rule
@@ -10,6 +10,11 @@ recorder, so the call runs our whole host path and launches nothing. Printed per
 the public call and of its parts (the boundary's validation, plan_call, kernels.hopper.forward on a made plan) and
 the kernels the call would launch, in order.
 --profile adds cProfile's top functions by own time over 200 calls.
+
+--device (on a GPU): the same calls with the kernels, on the device's tensors. Printed per case: the median host
+time of the public call (the device idle at each call's start) with every launch through TileLang's JITKernel
+call and with every launch straight into its compiled executable's main function (blocks of calls alternating
+between the two), and the launches' count.
 
 What it leaves out is the GPU's share of the host time: TileLang's per-launch argument conversion and the launch
 itself, CUDA allocations (here CPU ones, which for a large layout's outputs map fresh pages every call: those cases
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import functools
 import pstats
 import statistics
 import time
@@ -117,16 +123,67 @@ def probe(case, launched: list[str], profile: bool) -> None:
         pstats.Stats(profiler).sort_stats("tottime").print_stats(20)
 
 
+def direct(kernel):
+    """A compiled kernel's launch function without TileLang's Python argument handling (JITKernel.__call__): its
+    executable's main, which converts and checks the arguments itself."""
+    return kernel.adapter._get_executable().jit().main
+
+
+def device_probe(case, blocks: int = 6, calls: int = 100) -> None:
+    """The public call's host time on the GPU with launches through JITKernel and straight into main, alternating."""
+    x = {name: t.cuda() if name != "cu_seqlens_cpu" else t for name, t in case_inputs(case).items()}
+    x["q"], x["k"] = (torch.nn.functional.normalize(x[n].float(), dim=-1).bfloat16() for n in ("q", "k"))
+    x["g"] = torch.nn.functional.logsigmoid(x["g"] * 8 + 2)
+
+    def call():
+        return tilela.chunk_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"],
+                                             cu_seqlens=x.get("cu_seqlens"), cu_seqlens_cpu=x.get("cu_seqlens_cpu"),
+                                             output_final_state=True, use_qk_l2norm_in_kernel=case.params["l2norm"])
+
+    wrapped, launched = launch.compiled, []
+    direct_compiled = functools.lru_cache(maxsize=None)(
+        lambda builder, *static, **kw: direct(wrapped(builder, *static, **kw)))
+
+    def counting(builder, *static, **kw):
+        launched.append(builder.__name__)
+        return wrapped(builder, *static, **kw)
+
+    launch.compiled = counting
+    call()
+    torch.cuda.synchronize()
+    launch.compiled = wrapped
+    times = {"jitkernel": [], "main": []}
+    for block in range(2 * blocks):
+        mode = ("jitkernel", "main")[block % 2]
+        launch.compiled = wrapped if mode == "jitkernel" else direct_compiled
+        for i in range(calls + 10):
+            torch.cuda.synchronize()
+            began = time.perf_counter()
+            call()
+            if i >= 10:
+                times[mode].append((time.perf_counter() - began) * 1e6)
+    launch.compiled = wrapped
+    torch.cuda.synchronize()
+    med = {mode: statistics.median(t) for mode, t in times.items()}
+    print(f"{case.name:34s} host us: through JITKernel {med['jitkernel']:7.1f}, into main {med['main']:7.1f} "
+          f"({med['jitkernel'] - med['main']:+.1f}); launches {len(launched)}: {', '.join(launched)}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("cases", help="case names of `tilela bench --op gdn`, comma-separated")
     parser.add_argument("--profile", action="store_true", help="cProfile's top functions per case")
+    parser.add_argument("--device", action="store_true", help="on the GPU, with the kernels (see above)")
     args = parser.parse_args()
     known = {case.name: case for case in gdn.cases(False)}
     names = args.cases.split(",")
     unknown = [name for name in names if name not in known]
     if unknown:
         raise SystemExit(f"cases: expected names of `tilela bench --op gdn`, got {unknown}")
+    if args.device:
+        for name in names:
+            device_probe(known[name])
+        return
     launched: list[str] = []
     no_kernels(launched)
     for name in names:
