@@ -117,14 +117,14 @@ def test_precompile_ships_every_kernel_the_gdn_bench_plans():
             assert len(wanted) == len(set(wanted))
             assert (plan.split is None) == ("combine" not in {job.kind for job in wanted})
             kinds |= {job.kind for job in wanted}
-    assert kinds == {"kkt", "ws", "combine", "warmup"}
+    assert kinds == {"kkt", "ws", "combine"}
 
 
 def test_precompile_selects_by_op_dtype_and_head_dim(capsys):
     pytest.importorskip("tilelang")
     gdn = precompile.select(["gdn"], ["bfloat16"], [128])
     assert gdn and all("chunk_gated_delta_rule" in job.ops for job in gdn)
-    assert {job.kind for job in gdn} == {"kkt", "l2norm", "warmup", "combine", "chunk_fwd", "ws"}  # kkt sums g
+    assert {job.kind for job in gdn} == {"kkt", "l2norm", "combine", "chunk_fwd", "ws"}  # kkt sums g
     assert all(job.dtype in (None, "bfloat16") and job.K in (None, 128) for job in gdn)
     assert all(job.config[:2] == (64, "blocked") and job.config[5] for job in gdn if job.kind == "kkt")
     assert {job.kind for job in precompile.select(["chunk_gla"])} == {"cumsum", "gla", "chunk_fwd", "ws"}

@@ -1,4 +1,4 @@
-"""Every shipped chunk_local_cumsum / kkt_solve / gla_factors / seq_combine / l2norm / warm-up configuration lowers and
+"""Every shipped chunk_local_cumsum / kkt_solve / gla_factors / seq_combine / l2norm configuration lowers and
 nvcc-compiles for sm_90a (no GPU needed).
 
 Sizes (tokens, heads, sequences; K too in cumsum and kkt_solve) are symbolic, so the static configurations listed in
@@ -20,7 +20,6 @@ from tilela.kernels.hopper.gla_factors import gla_factors_kernel  # noqa: E402
 from tilela.kernels.hopper.kkt_solve import kkt_solve_kernel  # noqa: E402
 from tilela.kernels.hopper.l2norm import l2norm_kernel  # noqa: E402
 from tilela.kernels.hopper.seq_combine import seq_combine_kernel  # noqa: E402
-from tilela.kernels.hopper.warmup import warmup_table_kernel  # noqa: E402
 
 pytestmark = [
     pytest.mark.compile,
@@ -30,9 +29,9 @@ pytestmark = [
 CASES = ([("cumsum", c) for c in hopper.CUMSUM_CONFIGS] + [("kkt_solve", c) for c in hopper.KKT_CONFIGS]
          + [("gla_factors", c) for c in hopper.GLA_FACTORS_CONFIGS]
          + [("seq_combine", c) for c in hopper.SEQ_COMBINE_CONFIGS]
-         + [("l2norm", c) for c in hopper.L2NORM_CONFIGS] + [("warmup", ())])
+         + [("l2norm", c) for c in hopper.L2NORM_CONFIGS])
 BUILDERS = {"cumsum": chunk_local_cumsum_kernel, "kkt_solve": kkt_solve_kernel, "gla_factors": gla_factors_kernel,
-            "seq_combine": seq_combine_kernel, "l2norm": l2norm_kernel, "warmup": warmup_table_kernel}
+            "seq_combine": seq_combine_kernel, "l2norm": l2norm_kernel}
 
 
 def _lower(case):
@@ -84,8 +83,6 @@ def test_compiles_for_sm90a(compiled, case):
             assert "cp_async_wait<1>" in source and f"(((int)threadIdx.x) * {K + 4})) + (k4 * 4))" in source
         else:  # the transitions' states arrive through the cp.async pipeline
             assert "cp_async" in source
-    if case[0] == "warmup":  # one barrier finds an unbounded segment of the (sequence, head)
-        assert "__syncthreads_or(" in source
     if case[0] == "gla_factors":
         _, dtype, _, delta = case[1]
         if delta:  # the inverse's level-2 buffers under their allocation names (as kkt_solve's)

@@ -157,4 +157,6 @@ def test_compiles_for_sm90a(compiled, case):
         # the delta rule's output group stores whole chunks of O by TMA at DV blocks 64 and 128 (WsConfig.tma_output)
         block_DV = K // DV_FRACTION[kind.rsplit("_", 1)[1]]
         outputs = not kind.startswith(("ws_split", "ws_warmsplit"))
+        # the warm-up's transitions form the table's rows: the segment's sequence counted, an unbounded segment found
+        assert ("__syncthreads_count(" in source and "__syncthreads_or(" in source) == kind.startswith("ws_warmsplit")
         assert ("tl::tma_store(o_desc" in source) == (delta and gate != "channel" and outputs and block_DV in (64, 128))

@@ -169,20 +169,34 @@ def _warmup_gate(T, HV, gen):
 
 @pytest.mark.parametrize("initial", [True, False])
 @pytest.mark.parametrize("segment_chunks", [3, 8])
-def test_warmup_table_kernel_matches_reference(segment_chunks, initial):
-    """warmup.py against reference.warmup_table, entry for entry: varlen with an empty and a 1-token sequence,
-    sequences of up to 47 chunks (several blocks of 16 chunk-end loads), every kind of head, with and without
-    initial states."""
-    from tilela.kernels.hopper.launch import launch_warmup
+def test_warmup_table_of_the_transitions_matches_reference(segment_chunks, initial):
+    """The warm-up table the split's transitions pass forms (warmup.py) against reference.warmup_table, entry for
+    entry: varlen with an empty and a 1-token sequence, sequences of up to 47 chunks (several blocks of 16 chunk-end
+    loads), every kind of head, with and without initial states; every entry was written (the table starts as
+    -99)."""
+    from tilela.kernels.hopper.launch import launch_state_pass
     from tilela.kernels.hopper.seq_split import segment_table
 
-    lengths = [3000, 1, 0, 700, 1500]
+    lengths, H, HV, K = [3000, 1, 0, 700, 1500], 4, 8, 128
+    T = sum(lengths)
     gen = torch.Generator().manual_seed(segment_chunks)
-    g = _warmup_gate(sum(lengths), 8, gen)
+    g = _warmup_gate(T, HV, gen)
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
     gc = reference.chunk_local_cumsum(g, 64, cu).float()
-    table = segment_table(SegmentPlan.of(lengths, segment_chunks), torch.device("cuda"))
-    warm = launch_warmup(gc.cuda(), table.cu_segments, table.first, segment_chunks, initial)
+    q, k, v, _, beta, _ = make_inputs(1, T, H, HV, K, torch.bfloat16, torch.float32, "decay", segment_chunks)
+    split = SegmentPlan.of(lengths, segment_chunks)
+    plan = hopper.plan_call(q.cuda(), v.cuda(), gc.cuda(), beta.cuda(), K**-0.5, gate="scalar", lengths=lengths,
+                            initial_state=initial, output_final_state=True, varlen=True, g_input="cumsum",
+                            split=split)
+    transitions = plan.passes[0]
+    assert transitions.warmup and not transitions.store_output
+    table = segment_table(split, torch.device("cuda"))
+    S = split.num_segments
+    warm = torch.full((3, S, HV), -99, dtype=torch.int32, device="cuda")
+    A = ut_operand(plan, k, beta, gc, cu).to(torch.bfloat16).cuda()
+    launch_state_pass(transitions, q.cuda(), k.cuda(), v.cuda(), gc.cuda(), beta.cuda(), A, None,
+                      table.cu_segments, S, warm=warm, order=table.order, first=table.first,
+                      max_chunks=segment_chunks, initial=initial)
     ref = reference.warmup_table(gc, table.cu_segments.cpu(), table.first.cpu(), segment_chunks, initial)
     assert torch.equal(warm.cpu().long(), ref)
     assert (ref[0] >= 1).any() and (ref[0] == -1).any() and (ref[1] <= -2).any() == initial

@@ -169,6 +169,20 @@ def _extending(state_pass):
     return transitions
 
 
+def _warming(transitions, tables=None):
+    """The transitions under the warm-up as split_forward calls them: the warm-up table (reference.warmup_table, kept
+    in tables where given) and [B | M] of the transitions' pass, NaN at the (segment, head)s the warm-up takes, so
+    that reading one would show."""
+    def warming(q, k, v, g_cumsum, beta, A, h0, cu_seqlens, order, first, max_chunks, initial):
+        warm = reference.warmup_table(g_cumsum, cu_seqlens, first, max_chunks, initial)
+        if tables is not None:
+            tables.append(warm)
+        _, BM = transitions(q, k, v, g_cumsum, beta, A, h0, cu_seqlens, order)
+        BM[warm[0] >= 0] = float("nan")
+        return warm, BM
+    return warming
+
+
 def _delta_combine(BM, table, h0, warm):
     """The delta rule's combine as split_forward calls it, on its float64 stage."""
     return reference.transition_entering_states(BM, table.first, h0, warm)
@@ -211,7 +225,7 @@ def test_split_forward_matches_unsplit(gate, delta, segment_chunks, layout):
 
 
 def test_warmup_table_takes_the_fewest_chunks_that_bound_the_past():
-    """reference.warmup_table (the warm-up kernel's stage) on heads decaying by -20, -10, -6 and 0 per chunk, two-chunk
+    """reference.warmup_table (the stage the warm-up's transitions form) on heads decaying by -20, -10, -6 and 0 per chunk, two-chunk
     segments: one chunk of warm-up, two, none within max_chunks (the sequence's initial state where it is at most
     two chunks back, else the transitions for the whole (sequence, head)), none at all."""
     lengths = [640, 1, 300]
@@ -259,15 +273,7 @@ def test_split_forward_with_warmup_matches_unsplit(segment_chunks):
     A = torch.zeros(*p["v"].shape[:3], 64, dtype=F64)
     scale = 8 ** -0.5
     tables = []
-
-    def warmup(g, cu_segments, first, max_chunks, initial):
-        tables.append(reference.warmup_table(g, cu_segments, first, max_chunks, initial))
-        return tables[-1]
-
-    def transitions(q, k, v, g_cumsum, beta, A, h0, cu, order, warm):
-        _, ht = _extending(_stand_in(p["g"], scale))(q, k, v, g_cumsum, beta, A, h0, cu, order)
-        ht[warm[0] >= 0] = float("nan")
-        return None, ht
+    transitions = _warming(_extending(_stand_in(p["g"], scale)), tables)
 
     def outputs(q, k, v, g_cumsum, beta, A, S_in, cu, order, warm, h0):
         return reference.warmup_outputs(q, k, v, p["g"].reshape(1, -1, 3), beta, scale, S_in, cu, warm, h0,
@@ -276,8 +282,7 @@ def test_split_forward_with_warmup_matches_unsplit(segment_chunks):
     for h0 in (p["initial_state"], None):
         o_ref, S_ref = reference.chunked(**dict(p, initial_state=h0), scale=scale)
         o, S = split_forward(transitions, outputs, _delta_combine, p["q"], p["k"], p["v"], gc,
-                             p["beta"], A, h0, True, plan,
-                             warmup)
+                             p["beta"], A, h0, True, plan, warmup=True)
         torch.testing.assert_close(o, o_ref, rtol=0, atol=1e-6)
         torch.testing.assert_close(S, S_ref, rtol=0, atol=1e-6)
     warm = tables[0]  # every path taken: warm-ups from a zero state and from the initial state, the transitions
@@ -303,10 +308,10 @@ def test_split_with_warmup_does_not_depend_on_the_head_sharding():
         def outputs(q, k, v, g_cumsum, beta, A, S_in, cu, order, warm, h0):
             return reference.warmup_outputs(q, k, v, g_raw, beta, scale, S_in, cu, warm, h0, len(lengths))
 
-        return split_forward(_extending(_stand_in(x["g"], scale)), outputs, _delta_combine,
+        return split_forward(_warming(_extending(_stand_in(x["g"], scale))), outputs, _delta_combine,
                              x["q"], x["k"], x["v"],
                              gc[:, :, heads], x["beta"], A[:, :, heads], h0, True,
-                             SegmentPlan.of(lengths, segment_chunks), reference.warmup_table)
+                             SegmentPlan.of(lengths, segment_chunks), warmup=True)
 
     o, S = run([0, 1, 2, 3], 2)
     for shard in ([0, 1], [2, 3]):

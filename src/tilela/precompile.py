@@ -35,7 +35,7 @@ ALIASES = {"gdn": "chunk_gated_delta_rule", "kda": "chunk_kda", "delta_rule": "c
 
 
 class Job(NamedTuple):
-    kind: str  # "cumsum", "kkt", "gla", "combine", "l2norm", "warmup", "chunk_fwd" or "ws"
+    kind: str  # "cumsum", "kkt", "gla", "combine", "l2norm", "chunk_fwd" or "ws"
     config: tuple  # the kernel builder's static arguments (compile_one)
     ops: frozenset[str]  # the public ops that call this kernel
     dtype: str | None = None  # q/k dtype, where the kernel has one
@@ -80,7 +80,6 @@ def jobs() -> list[Job]:
     out += [Job("combine", c, frozenset(combine_ops[c[2], c[4]]), K=c[0]) for c in SEQ_COMBINE_CONFIGS]
     l2norm_ops = frozenset(op for op, (_, delta) in ATTENTION_OPS.items() if delta)  # use_qk_l2norm_in_kernel
     out += [Job("l2norm", c, l2norm_ops, dtype=c[1], K=c[0]) for c in L2NORM_CONFIGS]
-    out.append(Job("warmup", (), frozenset({op_of["scalar", True]})))
     switches = [(True, True, True), (False, False, True), (False, True, True), (True, False, True),
                 (False, False, False), (True, True, False)]
     for (gate, delta), K, dtype, flags in itertools.product(ATTENTION_OPS.values(), (128, 64, 256),
@@ -109,7 +108,7 @@ def jobs() -> list[Job]:
 
 def plan_jobs(plan) -> list[Job]:
     """The kernels one Hopper plan (kernels.hopper.plan.Plan) launches, as Jobs (ops left empty): its cumsum,
-    kkt_solve, gla_factors, state passes, combine and, under GDN's split, the warm-up table; so the kernels of a
+    kkt_solve, gla_factors, state passes and combine; so the kernels of a
     given call compile ahead of a device run (benchmarks/precompile.py's cases=), a candidate's own included."""
     out = [Job(kind, key, frozenset()) for kind, key in (("cumsum", plan.cumsum), ("kkt", plan.kkt),
                                                          ("gla", plan.factors), ("combine", plan.combine)) if key]
@@ -118,8 +117,6 @@ def plan_jobs(plan) -> list[Job]:
         config = (cfg.K, cfg.V, cfg.gate, cfg.delta, cfg.dtype, cfg.beta_dtype, flags, *cfg.tiles) \
             if cfg.kernel == "ws" else (cfg.K, cfg.gate, cfg.delta, cfg.dtype, cfg.beta_dtype, flags, cfg.tiles[3])
         out.append(Job("ws" if cfg.kernel == "ws" else "chunk_fwd", config, frozenset()))
-    if plan.output.warmup:
-        out.append(Job("warmup", (), frozenset()))
     return list(dict.fromkeys(out))
 
 
@@ -185,7 +182,7 @@ def compile_one(job: Job) -> Result:
         else:
             builder = {"kkt": launch.kkt_solve_kernel, "cumsum": launch.chunk_local_cumsum_kernel,
                        "gla": launch.gla_factors_kernel, "combine": launch.seq_combine_kernel,
-                       "l2norm": launch.l2norm_kernel, "warmup": launch.warmup_table_kernel}[job.kind]
+                       "l2norm": launch.l2norm_kernel}[job.kind]
             launch.compiled(builder, *job.config)
         return Result(job, time.perf_counter() - t, None)
     except Exception as exc:  # noqa: BLE001 - reported per job: one failing kernel must not stop the others

@@ -93,7 +93,8 @@ def chunk_fwd_kernel(
     @T.prim_func
     def chunk_fwd(q: sig.q, k: sig.k, v: sig.v, g: sig.g, beta: sig.beta, A: sig.A, h0: sig.h0,
                   cu_seqlens: sig.cu_seqlens, o: sig.o, ht: sig.ht, kg: sig.kg, P: sig.P, warm: sig.warm,
-                  order: sig.order, h_init: sig.h_init):
+                  order: sig.order, h_init: sig.h_init, first: sig.first, max_chunks: sig.max_chunks,
+                  initial: sig.initial):
         with T.Kernel(NV, HV, (NS1 - 1) if is_varlen else B, threads=threads) as (bv, bh, bz):
             bn = T.alloc_var("int32")
             bn = sequence_of(sig, order, bz) if is_varlen else bz

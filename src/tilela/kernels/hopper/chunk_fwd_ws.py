@@ -112,6 +112,7 @@ from tvm.script.ir_builder import IRBuilder
 from .common import TILE as CHUNK
 from .common import exp_e, extended_value, sequence_of, state_pass_contract
 from .plan import update_rule
+from .warmup import warmup_row
 
 GROUP = 128  # threads of a warp group
 GATES = ("none", "scalar", "channel")
@@ -364,8 +365,9 @@ def chunk_fwd_ws_kernel(
     warmup (varlen, the sequence split's passes with the warm-up table in warm, hopper/warmup.py): with output, a
     segment's CTA starts warm[0] chunks before it (none where -1) from h0[warm[1]] (zero where -1, the call's
     initial state h_init[-2 - warm[1]] where below), stores o from the segment's first row and its final state at
-    ht[warm[2]] (a sequence's at its last segment; the others' all at one row no one reads); without output, a CTA
-    whose warm[0] is not -1 runs no chunk (its entering state comes from the warm-up)."""
+    ht[warm[2]] (a sequence's at its last segment; the others' all at one row no one reads); without output (the
+    transitions) each CTA first forms its segment's row of the table (warmup.py, from first, max_chunks and
+    initial) and runs no chunk where the row's w is not -1 (its entering state comes from the warm-up)."""
     if warmup and not is_varlen:
         raise ValueError("warmup: the warm-up table indexes the split's segments, a varlen layout; got is_varlen=False")
     if warmup and gate == "channel":  # D's tile slots are the segments'; a warm-up would read them shifted
@@ -780,7 +782,8 @@ def chunk_fwd_ws_kernel(
     @T.prim_func
     def chunk_fwd_ws(q: sig.q, k: sig.k, v: sig.v, g: sig.g, beta: sig.beta, A: sig.A, h0: sig.h0,
                      cu_seqlens: sig.cu_seqlens, o: sig.o, ht: sig.ht, kg: sig.kg, P: sig.P, warm: sig.warm,
-                     order: sig.order, h_init: sig.h_init):
+                     order: sig.order, h_init: sig.h_init, first: sig.first,
+                     max_chunks: sig.max_chunks, initial: sig.initial):
         with T.Kernel(cfg.NV, HV, (NS1 - 1) if is_varlen else B, threads=4 * GROUP) as (bv, bh, bz):
             bn = T.alloc_var("int32")
             bn = sequence_of(sig, order, bz) if is_varlen else bz
@@ -834,8 +837,10 @@ def chunk_fwd_ws_kernel(
                 t_start = t_start - T.max(warm[0, bn, bh], 0) * C
                 h0_row = warm[1, bn, bh]
             n_chunks = T.ceildiv(t_end - t_start, C)
-            if warmup and not store_output:  # the transitions of the (sequence, head)s the warm-up leaves exact
-                n_chunks = T.if_then_else(warm[0, bn, bh] < 0, n_chunks, 0)
+            if warmup and not store_output:  # the table's row, and the transitions the warm-up leaves exact
+                through = T.alloc_local([1], "int32")
+                warmup_row(g, cu_seqlens, first, warm, bn, bh, max_chunks, initial, bv == 0, 4 * GROUP, through)
+                n_chunks = T.if_then_else(through[0] > 0, n_chunks, 0)
             cta = SimpleNamespace(bb=bb, bn=bn, bh=bh, hq=hq, v0=v0, t_start=t_start, t_out=t_out, t_end=t_end,
                                   tile0=tile0, n_chunks=n_chunks, h0_row=h0_row, warm=warm)
 

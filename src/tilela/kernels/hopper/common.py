@@ -195,8 +195,8 @@ def extended_value(K, V):
 def state_pass_contract(K, V, gate, delta, dtype, beta_dtype, scores=False, warmup=False, chunk=TILE):
     """The launch contract both state/output passes (hopper/chunk_fwd.py, hopper/chunk_fwd_ws.py) compile against,
     as a namespace: the dynamic sizes B, Tn, H, HV, NS1 (batch, tokens, q/k heads, value heads, len(cu_seqlens))
-    and the tensor types of the fifteen arguments, in order q, k, v, g, beta, A, h0, cu_seqlens, o, ht, kg, P,
-    warm, order, h_init.
+    and the types of the eighteen arguments, in order q, k, v, g, beta, A, h0, cu_seqlens, o, ht, kg, P, warm,
+    order, h_init, first, max_chunks, initial.
     Arguments a configuration does not read (g without a gate; beta and A for the plain update; kg and P without
     the factors, so always on chunk_fwd.py, which forms the per-channel gate's products itself) are one-element
     placeholders.
@@ -209,13 +209,16 @@ def state_pass_contract(K, V, gate, delta, dtype, beta_dtype, scores=False, warm
     segment's pass starts early (-1: none), the state it enters from (r >= 0: h0's row r, the split's entering
     states; -1: zero; -2 - n: h_init's row n, the call's initial state of sequence n) and the row of ht its final
     state goes to (n at sequence n's last segment, a row past the sequences' elsewhere); h_init [N, HV, K, V] fp32
-    (a one-element placeholder without the warm-up or an initial state).
+    (a one-element placeholder without the warm-up or an initial state). The split's transitions pass under the
+    warm-up forms the table (hopper/warmup.py) from the gate's cumsum in g, the segments' cu_seqlens, first [N + 1]
+    (sequence n's segments first[n] to first[n + 1] - 1), max_chunks (the longest warm-up) and initial (1: the call
+    has initial states); the other passes take a one-element first and ignore the scalars.
     order (varlen): the launch order of the sequences, [N] int32 (plan.launch_order: longest chains first, so that
     a skewed batch's long chains start in the first wave), or a one-element placeholder: batch order. The grid walks
     (V blocks, value heads, sequences), the sequences slowest (sequence_of).
     V = 2K (the delta rule's split transitions, hopper/chunk_fwd_ws.py): v and o have K columns, the pass extends
     the value to [V | 0] itself; h0 and ht have V."""
-    B, Tn, H, HV, N0, N1, NS1, NSL, NW, NO, NI = T.dynamic("B, Tn, H, HV, N0, N1, NS1, NSL, NW, NO, NI")
+    B, Tn, H, HV, N0, N1, NS1, NSL, NW, NO, NI, NF = T.dynamic("B, Tn, H, HV, N0, N1, NS1, NSL, NW, NO, NI, NF")
     accum = "float32"
     V_in = K if extended_value(K, V) else V  # the value's columns in memory
     g_shape = [NSL, HV, K] if scores else {"none": [1], "scalar": [B, Tn, HV], "channel": [B, Tn, HV, K]}[gate]
@@ -236,6 +239,9 @@ def state_pass_contract(K, V, gate, delta, dtype, beta_dtype, scores=False, warm
         warm=T.Tensor([3, NW, HV] if warmup else [1], "int32"),
         order=T.Tensor([NO], "int32"),
         h_init=T.Tensor([NI, HV, K, V] if warmup else [1], accum),
+        first=T.Tensor([NF] if warmup else [1], "int32"),
+        max_chunks=T.int32,
+        initial=T.int32,
     )
 
 

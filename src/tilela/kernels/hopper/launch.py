@@ -15,8 +15,9 @@ The pipeline (`forward`), as named stages over the [B, T, H, D] layout:
                                                                                    no kkt_solve)
     o, S = state pass(q, k, v, gc, beta, A, S0)   launch_state_pass  plan.passes   (chunk_fwd_ws.py or chunk_fwd.py;
                                                                                    split: seq_split.py's transform,
-                                                                                   launch_combine for its step 2,
-                                                                                   launch_warmup for GDN's)
+                                                                                   launch_combine for its step 2;
+                                                                                   GDN's transitions form its
+                                                                                   warm-up table, warmup.py)
 With plan.pipeline, gla_factors and the state pass run range by range over the call's one sequence, a range's pass
 beside the next range's factors (seq_pipeline.py's transform, _pipelined).
 
@@ -46,7 +47,6 @@ from .l2norm import l2norm_kernel
 from .plan import Plan
 from .seq_combine import seq_combine_kernel
 from .seq_split import flat, segment_table
-from .warmup import warmup_table_kernel
 
 STATE_PASSES = {"ws": chunk_fwd_ws_kernel, "loop": chunk_fwd_kernel}
 # builders whose kernels guard every global access themselves (rows against the sequence end, tile slots against the
@@ -187,14 +187,15 @@ def launch_factors(key: tuple, q: torch.Tensor, k: torch.Tensor, g: torch.Tensor
 
 
 def launch_state_pass(cfg, q, k, v, g, beta, A, h0, cu, N, kg=None, P=None, warm=None, order=None, o=None, ht=None,
-                      h_init=None):
+                      h_init=None, first=None, max_chunks=0, initial=False):
     """One state/output launch of PassConfig cfg over N sequences: (o like v, final state [N, HV, K, V] fp32 or
     None), written into o and ht where they are given (contiguous views will do; under the warm-up ht's rows are the
     table's, so the outputs pass's caller gives it). Inputs a configuration does not read (g without a gate; beta
     and A for the plain update; kg and P but after gla_factors, beta after gla_factors' Ab; warm and h_init, the
-    call's initial states, but under the split's warm-up, where h_init is ht, unread, without them) and h0 without
-    an initial state are placeholders, as is order (the sequences' launch order, int32 [N]) for the batch order; o is
-    allocated (the launch contract fixes its shape) but, without the output group, not written."""
+    call's initial states, but under the split's warm-up, where h_init is ht, unread, without them; first but in
+    the warm-up's transitions, which write warm from it, max_chunks and initial) and h0 without an initial state are
+    placeholders, as is order (the sequences' launch order, int32 [N]) for the batch order; o is allocated (the
+    launch contract fixes its shape) but, without the output group, not written."""
     HV = v.shape[2]
     dev = v.device
     o = torch.empty_like(v) if o is None else o
@@ -206,17 +207,9 @@ def launch_state_pass(cfg, q, k, v, g, beta, A, h0, cu, N, kg=None, P=None, warm
     kernel(q, k, v, ph if g is None else g, ph if beta is None else beta, half if A is None else A,
            ht if h0 is None else h0, cu, o, ht, half if kg is None else kg, half if P is None else P,
            placeholder(dev, torch.int32) if warm is None else warm, placeholder(dev, torch.int32) if order is None
-           else order, h_init if h_init is not None else ht if cfg.warmup else ph)
+           else order, h_init if h_init is not None else ht if cfg.warmup else ph,
+           placeholder(dev, torch.int32) if first is None else first, int(max_chunks), int(initial))
     return o, (ht if cfg.store_final_state else None)
-
-
-def launch_warmup(gc, cu_segments, first, max_chunks: int, initial: bool):
-    """The split's warm-up table [3, S, HV] int32 (warmup.py) from the scalar gate's chunk-local cumsum gc [1, T,
-    HV] and the segment table's cu_segments and first; warm-ups of at most max_chunks chunks; initial: whether the
-    call has initial states (the table then names them as the sequences' starts)."""
-    table = torch.empty(3, cu_segments.shape[0] - 1, gc.shape[-1], device=gc.device, dtype=torch.int32)
-    compiled(warmup_table_kernel)(gc, cu_segments, first, table, int(max_chunks), int(initial))
-    return table
 
 
 def launch_combine(key: tuple, B_seg, *args):
@@ -340,17 +333,24 @@ def _split(plan: Plan, q, k, v, g, beta, A, h0, kg=None, P=None):
     kg, P = (None, None) if kg is None else (flat(kg), flat(P))
 
     def run(cfg):
-        def state_pass(q, k, v, g, beta, A, h0, cu, order, warm=None, h_init=None):
+        def state_pass(q, k, v, g, beta, A, h0, cu, order, *warmup):
             segments, N = cu.shape[0] - 1, len(plan.split.lengths)
+            g = g if D is None else D
+            if cfg.warmup and not cfg.store_output:  # the transitions, which form the warm-up table
+                first, max_chunks, initial = warmup
+                warm = torch.empty(3, segments, v.shape[2], device=v.device, dtype=torch.int32)
+                _, ht = launch_state_pass(cfg, q, k, v, g, beta, A, h0, cu, segments, kg, P, warm=warm, order=order,
+                                          first=first, max_chunks=max_chunks, initial=initial)
+                return warm, ht
+            warm, h_init = warmup or (None, None)
             # under the warm-up the outputs store at the table's rows: the sequences' final states and one no one reads
             rows = cfg.warmup and cfg.store_output and cfg.store_final_state
             ht = v.new_empty(N + 1, v.shape[2], cfg.K, cfg.V, dtype=torch.float32) if rows else None
-            o, ht = launch_state_pass(cfg, q, k, v, g if D is None else D, beta, A, h0, cu, segments, kg, P,
-                                      warm=warm, order=order, ht=ht, h_init=h_init)
+            o, ht = launch_state_pass(cfg, q, k, v, g, beta, A, h0, cu, segments, kg, P, warm=warm, order=order,
+                                      ht=ht, h_init=h_init)
             return o, (ht[:N] if rows else ht)
         return state_pass
 
     combine = functools.partial(launch_combine, plan.combine)
     return seq_split.split_forward(run(transitions), run(outputs), combine, q, k, v, g if D is None else None, beta,
-                                   A, h0, plan.output_final_state, plan.split,
-                                   launch_warmup if plan.output.warmup else None)
+                                   A, h0, plan.output_final_state, plan.split, plan.output.warmup)

@@ -12,24 +12,25 @@ parallelism, done exactly). Mirrors reference layer E (reference.seq_split):
   3. outputs      the state/output pass over the segments as one varlen batch from the entering states; with the
                   delta rule a sequence's final state is that of its last segment
 
-The warm-up (GDN: the delta rule with a scalar gate; reference.seq_split.warmup_table): before step 1 one launch
-of warmup.py finds, per segment and value head, the fewest chunks before the segment over which the decay sums to
-WARMUP_BOUND (e^-17, under fp32's rounding); where every segment of a (sequence, head) has such a warm-up of at
-most a segment's chunks, its transitions' CTAs run no chunk and its outputs' CTAs start that many chunks early from
-a zero state (or from the sequence's initial state where the warm-up reaches it), storing o from the segment on.
-The other (sequence, head)s (g = 0 heads, decays too weak) take steps 1-3 as above. Decided on the device from the
-gate, so the split stays exact to fp32 rounding and capturable, with one launch more. The table also names the
-initial state a segment starts from and the sequence whose final state a segment's is, so the outputs pass reads
-the call's initial states and writes its final states itself: the warm-up split moves no state besides.
+The warm-up (GDN: the delta rule with a scalar gate; reference.seq_split.warmup_table): step 1's CTAs first find
+(warmup.py), per segment and value head, the fewest chunks before the segment over which the decay sums to
+WARMUP_BOUND (e^-17, under fp32's rounding), and store the segment's row of the warm-up table; where every segment
+of a (sequence, head) has such a warm-up of at most a segment's chunks, its transitions' CTAs run no chunk and its
+outputs' CTAs start that many chunks early from a zero state (or from the sequence's initial state where the
+warm-up reaches it), storing o from the segment on. The other (sequence, head)s (g = 0 heads, decays too weak) take
+steps 1-3 as above. Decided on the device from the gate, so the split stays exact to fp32 rounding and capturable,
+with no launch more. The table also names the initial state a segment starts from and the sequence whose final
+state a segment's is, so the outputs pass reads the call's initial states and writes its final states itself: the
+warm-up split moves no state besides.
 
 Segments begin at chunk boundaries of their sequence, so the chunk-local gc and A are those of the unsplit call, and
 so are KDA's factors (gla_factors.py), which launch.forward computes over the segments' tiles: their decays D are
 indexed by tile slot, and both passes take the segments as their sequences. An empty sequence keeps one empty
 segment (its final state is its initial state). The segment table comes from the
 plan's host lengths in one non-blocking copy from pinned memory (host_tables.py), so nothing synchronises with the
-host: the split is four launches (copy, transitions, combine, outputs), five under the warm-up, and with the delta
-rule without the warm-up the initial states of the sequences left in one segment copied into the entering states
-and a gather of the final states where the call has several sequences. Both passes launch the segments longest
+host: the split is four launches (copy, transitions, combine, outputs), and with the delta rule without the
+warm-up the initial states of the sequences left in one segment copied into the entering states and a gather of
+the final states where the call has several sequences. Both passes launch the segments longest
 first (the table's order), so that a skewed batch's long chains start in the first wave.
 
 The split is an input transform: the passes it drives are ordinary varlen state passes whose sequences are the
@@ -104,7 +105,7 @@ def flat(x: torch.Tensor) -> torch.Tensor:
 
 
 def split_forward(transitions, outputs, combine, q, k, v, g, beta, A, initial_state, output_final_state,
-                  split: SegmentPlan, warmup=None):
+                  split: SegmentPlan, warmup: bool = False):
     """The state/output pass of the unsplit call ((o [B,T,HV,V], final state [N,HV,K,V] fp32 or None)), computed
     segment-parallel as an input transform: the segments become the sequences of one varlen batch (cu_segments) and
     their entering states its initial states. split must be SegmentPlan.of(the call's sequence lengths) (plan.py makes
@@ -117,12 +118,13 @@ def split_forward(transitions, outputs, combine, q, k, v, g, beta, A, initial_st
     the delta rule, the final states when asked for). combine: step 2 (launch.launch_combine on the GPU, the
     reference's elsewhere): under the plain update combine(B, g, cu_segments, first, h0) -> (S_in, final)
     (reference.entering_states), with the delta rule combine(BM, table, h0, warm) -> S_in, table the SegmentTable
-    (reference.transition_entering_states on table.first). warmup(g, cu_segments, first, max_chunks, initial) ->
-    table: the delta rule's warm-up table (launch.launch_warmup on the GPU, reference.warmup_table elsewhere;
-    max_chunks the segment's chunks, initial whether there are initial states), which the delta rule's transitions,
-    combine and outputs then take, warm; None: no warm-up. Under the warm-up the outputs pass also takes the
-    initial states, `outputs(..., order, warm, h0) -> (o, final states [N, HV, K, V])`: the table names the initial
-    state a segment starts from and the sequence whose final state a segment's is.
+    (reference.transition_entering_states on table.first). warmup: the delta rule's warm-up (GDN), where the
+    transitions also form the warm-up table, `transitions(..., order, first, max_chunks, initial) -> (warm,
+    [B | M])` (first the SegmentTable's, max_chunks the segment's chunks, initial whether there are initial states;
+    reference.warmup_table's table, and [B | M] at the segments it leaves to the transitions), which the combine
+    and the outputs then take. Under the warm-up the outputs pass also takes the initial states, `outputs(...,
+    order, warm, h0) -> (o, final states [N, HV, K, V])`: the table names the initial state a segment starts from
+    and the sequence whose final state a segment's is.
 
     Plain update: the transitions from a zero state give B, the combine S_in and the final states. Delta rule: the
     transitions on [V | 0] from [0 | I] give [B | M], the combine S_in per segment (serial over a sequence's
@@ -138,9 +140,9 @@ def split_forward(transitions, outputs, combine, q, k, v, g, beta, A, initial_st
         o, _ = outputs(q1, k1, v1, g1, beta1, A1, S_in, table.cu_segments, table.order)
         return o.view(B, Tn, HV, V), (final if output_final_state else None)
 
-    if warmup is not None:
-        warm = warmup(g1, table.cu_segments, table.first, split.segment_chunks, initial_state is not None)
-        _, BM = transitions(q1, k1, v1, g1, beta1, A1, None, table.cu_segments, table.order, warm)
+    if warmup:
+        warm, BM = transitions(q1, k1, v1, g1, beta1, A1, None, table.cu_segments, table.order, table.first,
+                               split.segment_chunks, initial_state is not None)
         S_in = combine(BM, table, initial_state, warm)
         o, final = outputs(q1, k1, v1, g1, beta1, A1, S_in, table.cu_segments, table.order, warm, initial_state)
         return o.view(B, Tn, HV, V), (final if output_final_state else None)
