@@ -151,7 +151,7 @@ def test_matrix_combine_matches_transition_entering_states(K, with_h0, with_warm
     and 6 of them, and the copy of the initial states of the others, an empty and a one-token sequence) against its
     float64 stage: transitions of norm about 1 (as a segment's M with the delta
     rule: contractions but for g = 0 heads); under a warm-up table, the (sequence, head)s it warms up (and, as the
-    warm-up kernel makes them, every sequence of one segment) need no row (the reference's are NaN, not compared)."""
+    warm-up's transitions make them, every sequence of one segment) need no row (the reference's are NaN, not compared)."""
     from tilela.kernels.hopper.launch import launch_combine
     from tilela.kernels.hopper.plan import SegmentPlan
     from tilela.kernels.hopper.seq_split import segment_table

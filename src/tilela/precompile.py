@@ -5,8 +5,7 @@ its on-disk cache (TILELANG_CACHE_DIR), so a process that finds them there loads
 them beforehand, on any machine with TileLang and nvcc (no GPU needed: the target is sm_90a):
 
   - kkt_solve, chunk_local_cumsum, gla_factors, seq_combine, l2norm: every configuration we ship
-    (kernels.hopper.CUMSUM_CONFIGS, KKT_CONFIGS, GLA_FACTORS_CONFIGS, SEQ_COMBINE_CONFIGS, L2NORM_CONFIGS), and the
-    split's warm-up table (one configuration);
+    (kernels.hopper.CUMSUM_CONFIGS, KKT_CONFIGS, GLA_FACTORS_CONFIGS, SEQ_COMBINE_CONFIGS, L2NORM_CONFIGS);
   - the state/output passes of every attention op at K = V in {64, 128, 256}, bf16 and fp16, with the (varlen,
     initial state, final state) switches the GPU tests and benchmarks use: GDN in both passes (and its
     half-precision beta), KDA in both and on the loop pass at chunk 16 too (its short-chunk path), the other ops in

@@ -86,7 +86,10 @@ states) or h_init (the initial states) its table names, and stores the final sta
 sequence's); o's rows are tested against the sequence end (a whole chunk stored without a test per row, or by TMA,
 all its rows before the sequence end; under the warm-up only the chunks from the segment's first row on are
 stored); cu_seqlens (non-decreasing up to the token count: checked at the public boundary), the launch order (a
-permutation of the sequences), the warm-up table, h0 and ht are read at the CTA's own sequence and head.
+permutation of the sequences), the warm-up table, h0 and ht are read at the CTA's own sequence and head; the
+warm-up's transitions read first at indices clamped to its N + 1 entries, cu_seqlens at the segments of the
+segment's sequence and the gate's cumsum at chunk ends before the segment, clamped to row 0, and write the table
+at the segment's own row.
 
 Glossary:
     plain update   Vnew = V, no delta rule (linear_attn, simple_gla, gla)

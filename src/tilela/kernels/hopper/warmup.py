@@ -23,9 +23,9 @@ A transitions CTA of segment j and value head h forms its segment's row with all
 the count of sequences that end before j (every sequence has a segment, so first is strictly increasing); thread t
 takes segments first[n] + t, + threads, ...; the chunk-end loads of its window UNROLL at a time, all issued before
 the sums that use them (rows clamped into the tensor; the ones past the window are not summed); __syncthreads_or
-finds an unbounded segment of the (sequence, head). Every CTA of the (sequence, head) finds the same, and each
-stores its own segment's row: the table is whole when the transitions pass ends, for the combine and the outputs
-pass after it.
+finds an unbounded segment of the (sequence, head). Every CTA of the (sequence, head) finds the same, and the
+segment's CTA of the first DV block stores the segment's row: the table is whole when the transitions pass ends, for
+the combine and the outputs pass after it.
 """
 
 import tilelang.language as T
