@@ -149,9 +149,9 @@ def test_seq_combine_matches_entering_states(gate, with_h0):
 def test_matrix_combine_matches_transition_entering_states(K, with_h0, with_warm):
     """The delta rule's combine (hopper/seq_combine.py's "matrix" kernel over the sequences cut into segments, 40
     and 6 of them, and the copy of the initial states of the others, an empty and a one-token sequence) against its
-    float64 stage: transitions of norm about 1 (as a segment's M with the delta
-    rule: contractions but for g = 0 heads); under a warm-up table, the (sequence, head)s it warms up (and, as the
-    warm-up's transitions make them, every sequence of one segment) need no row (the reference's are NaN, not compared)."""
+    float64 stage: transitions of norm about 1 (as a segment's M with the delta rule: contractions but for g = 0
+    heads); under a warm-up table, the (sequence, head)s it warms up (and, as the warm-up's transitions make them,
+    every sequence of one segment) need no row (the reference's are NaN, not compared)."""
     from tilela.kernels.hopper.launch import launch_combine
     from tilela.kernels.hopper.plan import SegmentPlan
     from tilela.kernels.hopper.seq_split import segment_table

@@ -225,9 +225,9 @@ def test_split_forward_matches_unsplit(gate, delta, segment_chunks, layout):
 
 
 def test_warmup_table_takes_the_fewest_chunks_that_bound_the_past():
-    """reference.warmup_table (the stage the warm-up's transitions form) on heads decaying by -20, -10, -6 and 0 per chunk, two-chunk
-    segments: one chunk of warm-up, two, none within max_chunks (the sequence's initial state where it is at most
-    two chunks back, else the transitions for the whole (sequence, head)), none at all."""
+    """reference.warmup_table (the stage the warm-up's transitions form) on heads decaying by -20, -10, -6 and 0 per
+    chunk, two-chunk segments: one chunk of warm-up, two, none within max_chunks (the sequence's initial state where
+    it is at most two chunks back, else the transitions for the whole (sequence, head)), none at all."""
     lengths = [640, 1, 300]
     plan = SegmentPlan.of(lengths, 2)  # segments 0-4, 5, 6-8
     table = segment_table(plan, torch.device("cpu"))

@@ -333,24 +333,24 @@ def _split(plan: Plan, q, k, v, g, beta, A, h0, kg=None, P=None):
     kg, P = (None, None) if kg is None else (flat(kg), flat(P))
 
     def run(cfg):
-        def state_pass(q, k, v, g, beta, A, h0, cu, order, *warmup):
+        def state_pass(q, k, v, g, beta, A, h0, cu, order, warm=None, h_init=None):
             segments, N = cu.shape[0] - 1, len(plan.split.lengths)
-            g = g if D is None else D
-            if cfg.warmup and not cfg.store_output:  # the transitions, which form the warm-up table
-                first, max_chunks, initial = warmup
-                warm = torch.empty(3, segments, v.shape[2], device=v.device, dtype=torch.int32)
-                _, ht = launch_state_pass(cfg, q, k, v, g, beta, A, h0, cu, segments, kg, P, warm=warm, order=order,
-                                          first=first, max_chunks=max_chunks, initial=initial)
-                return warm, ht
-            warm, h_init = warmup or (None, None)
             # under the warm-up the outputs store at the table's rows: the sequences' final states and one no one reads
             rows = cfg.warmup and cfg.store_output and cfg.store_final_state
             ht = v.new_empty(N + 1, v.shape[2], cfg.K, cfg.V, dtype=torch.float32) if rows else None
-            o, ht = launch_state_pass(cfg, q, k, v, g, beta, A, h0, cu, segments, kg, P, warm=warm, order=order,
-                                      ht=ht, h_init=h_init)
+            o, ht = launch_state_pass(cfg, q, k, v, g if D is None else D, beta, A, h0, cu, segments, kg, P,
+                                      warm=warm, order=order, ht=ht, h_init=h_init)
             return o, (ht[:N] if rows else ht)
         return state_pass
 
+    def warming(q, k, v, g, beta, A, h0, cu, order, first, max_chunks, initial):
+        """The transitions under GDN's warm-up: (the warm-up table they form, [B | M])."""
+        warm = torch.empty(3, cu.shape[0] - 1, v.shape[2], device=v.device, dtype=torch.int32)
+        _, BM = launch_state_pass(transitions, q, k, v, g, beta, A, h0, cu, cu.shape[0] - 1, warm=warm, order=order,
+                                  first=first, max_chunks=max_chunks, initial=initial)
+        return warm, BM
+
     combine = functools.partial(launch_combine, plan.combine)
-    return seq_split.split_forward(run(transitions), run(outputs), combine, q, k, v, g if D is None else None, beta,
-                                   A, h0, plan.output_final_state, plan.split, plan.output.warmup)
+    return seq_split.split_forward(warming if plan.output.warmup else run(transitions), run(outputs), combine, q, k,
+                                   v, g if D is None else None, beta, A, h0, plan.output_final_state, plan.split,
+                                   plan.output.warmup)
