@@ -123,12 +123,6 @@ def probe(case, launched: list[str], profile: bool) -> None:
         pstats.Stats(profiler).sort_stats("tottime").print_stats(20)
 
 
-def direct(kernel):
-    """A compiled kernel's launch function without TileLang's Python argument handling (JITKernel.__call__): its
-    executable's main, which converts and checks the arguments itself."""
-    return kernel.adapter._get_executable().jit().main
-
-
 def device_probe(case, blocks: int = 6, calls: int = 100) -> None:
     """The public call's host time on the GPU with launches through JITKernel and straight into main, alternating."""
     x = {name: t.cuda() if name != "cu_seqlens_cpu" else t for name, t in case_inputs(case).items()}
@@ -140,9 +134,8 @@ def device_probe(case, blocks: int = 6, calls: int = 100) -> None:
                                              cu_seqlens=x.get("cu_seqlens"), cu_seqlens_cpu=x.get("cu_seqlens_cpu"),
                                              output_final_state=True, use_qk_l2norm_in_kernel=case.params["l2norm"])
 
-    wrapped, launched = launch.compiled, []
-    direct_compiled = functools.lru_cache(maxsize=None)(
-        lambda builder, *static, **kw: direct(wrapped(builder, *static, **kw)))
+    direct_compiled, launched = launch.compiled, []
+    wrapped = functools.lru_cache(maxsize=None)(launch.jit_kernel)
 
     def counting(builder, *static, **kw):
         launched.append(builder.__name__)
@@ -162,7 +155,7 @@ def device_probe(case, blocks: int = 6, calls: int = 100) -> None:
             call()
             if i >= 10:
                 times[mode].append((time.perf_counter() - began) * 1e6)
-    launch.compiled = wrapped
+    launch.compiled = direct_compiled
     torch.cuda.synchronize()
     med = {mode: statistics.median(t) for mode, t in times.items()}
     print(f"{case.name:34s} host us: through JITKernel {med['jitkernel']:7.1f}, into main {med['main']:7.1f} "
