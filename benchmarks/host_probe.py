@@ -16,7 +16,7 @@ time of the public call (the device idle at each call's start) with every launch
 call and with every launch straight into its compiled executable's main function (blocks of calls alternating
 between the two), and the launches' count.
 
-What it leaves out is the GPU's share of the host time: TileLang's per-launch argument conversion and the launch
+What it leaves out is the GPU's share of the host time: the per-launch argument conversion (TVM FFI's) and the launch
 itself, CUDA allocations (here CPU ones, which for a large layout's outputs map fresh pages every call: those cases
 read high). `tilela bench` records the host time of a whole call on the device (host_ms); the difference is what
 the launches cost there.
@@ -144,7 +144,6 @@ def device_probe(case, blocks: int = 6, calls: int = 100) -> None:
     launch.compiled = counting
     call()
     torch.cuda.synchronize()
-    launch.compiled = wrapped
     times = {"jitkernel": [], "main": []}
     for block in range(2 * blocks):
         mode = ("jitkernel", "main")[block % 2]

@@ -19,7 +19,7 @@ of a (sequence, head) has such a warm-up of at most a segment's chunks, its tran
 outputs' CTAs start that many chunks early from a zero state (or from the sequence's initial state where the
 warm-up reaches it), storing o from the segment on. The other (sequence, head)s (g = 0 heads, decays too weak) take
 steps 1-3 as above. Decided on the device from the gate, so the split stays exact to fp32 rounding and capturable,
-with no launch more. The table also names the initial state a segment starts from and the sequence whose final
+without a launch of its own. The table also names the initial state a segment starts from and the sequence whose final
 state a segment's is, so the outputs pass reads the call's initial states and writes its final states itself: the
 warm-up split moves no state besides.
 
