@@ -44,7 +44,8 @@ def closing(text: str, start: int, opening: str = "(", close: str = ")") -> int:
 
 def python_expr(expr: str) -> str:
     """A C index expression over int as a Python one (non-negative operands: / and % agree)."""
-    expr = expr.replace("((int)threadIdx.x)", "tx").replace("(int)threadIdx.x", "tx").replace("(int)", "")
+    expr = expr.replace("((int)threadIdx.x)", "tx").replace("(int)threadIdx.x", "tx")
+    expr = re.sub(r"blockIdx\.([xyz])", r"block_\1", expr).replace("(int)", "")
     return re.sub(r"(?<![/])/(?![/])", "//", expr)
 
 
@@ -116,14 +117,14 @@ def count(source: str, threads: int):
             runs = math.prod(len(known[n]) for n in known)
             rows.append((number, kind, buf, width, runs, total / samples, ideal / samples, unknown))
         opened, shut = line.count("{"), line.count("}")
+        leading = shut if line.lstrip().startswith("}") else 0  # "} else {": the closing brace comes first
+        del scopes[len(scopes) - min(leading, len(scopes)):]
         if opened and pending is not None:
             scopes.append(pending)
             opened -= 1
             pending = None
         scopes.extend([("", None)] * opened)
-        for _ in range(shut):
-            if scopes:
-                scopes.pop()
+        del scopes[len(scopes) - min(shut - leading, len(scopes)):]
     return rows
 
 

@@ -59,3 +59,13 @@ def test_unknown_names_are_reported_and_taken_as_zero():
     body = "  y = ((float*)Lo)[((((int)threadIdx.x) * 4) + (start * 256))];\n"
     (row,) = rows_of(body)
     assert row[7] == ["start"] and row[5] == 4.0
+
+
+def test_loop_counters_are_scoped_by_braces():
+    """A counter bound by a loop that has closed is unknown again; `} else {` closes its branch first."""
+    body = ("  for (int i_1 = 0; i_1 < 4; ++i_1) {\n    if (c) {\n      a = 1;\n    } else {\n"
+            "      y = ((float*)Lo)[((((int)threadIdx.x) * 4) + (i_1 * 128))];\n    }\n  }\n"
+            "  z = ((float*)Lo)[(((int)threadIdx.x) + (i_1 * ((int)blockIdx.x)))];\n")
+    inside, after = rows_of(body)
+    assert (inside[4], inside[7]) == (4, [])
+    assert (after[4], after[7]) == (1, ["block_x", "i_1"])
