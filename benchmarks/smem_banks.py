@@ -3,10 +3,10 @@
     python benchmarks/smem_banks.py kkt "(64, 'blocked', 'bfloat16', 'scalar', 2, ('float32', 'log'), True)"
     python benchmarks/smem_banks.py --source kernel.cu [--threads 128]
 
-Lowers one configuration (kind: kkt or gla; its builder's static arguments, as tilela.kernels.hopper lists them)
-for sm_90a, or reads a saved source, and for every shared-memory access in it (scalar and vector loads and stores
-through a dynamic-shared buffer, ldmatrix) evaluates each lane's byte address over every warp and every value of
-the enclosing loops with constant bounds. A warp's request splits into phases by its width (32 lanes of up to 4
+Compiles one configuration for sm_90a as the launchers do (kernels.hopper.launch.jit_kernel; kind kkt or gla, and
+its builder's static arguments as tilela.kernels.hopper lists them), or reads a saved source, and for every
+shared-memory access in it (scalar and vector loads and stores through a dynamic-shared buffer, ldmatrix)
+evaluates each lane's byte address over every warp and every value of the enclosing loops with constant bounds. A warp's request splits into phases by its width (32 lanes of up to 4
 bytes, 16 of 8, 8 of 16; ldmatrix four phases of 8 row addresses), and a phase takes as many wavefronts as the most
 distinct 4-byte words any one of the 32 banks holds; ideal is its distinct words over 32, rounded up (ncu's "L1
 Wavefronts Shared" and "... Ideal"). Assumed: every lane active (predicates are not evaluated), variables other than
@@ -129,18 +129,11 @@ def count(source: str, threads: int):
 
 
 def lowered(kind: str, static: tuple) -> str:
-    import tilelang
-    from tilelang import tvm
+    """The generated CUDA of one configuration, as the launchers compile it (TileLang's disk cache reused)."""
+    from tilela.kernels.hopper import launch
 
-    from tilela.kernels.hopper.common import pass_configs
-    from tilela.kernels.hopper.gla_factors import gla_factors_kernel
-    from tilela.kernels.hopper.kkt_solve import kkt_solve_kernel
-    from tilela.kernels.hopper.launch import GUARDED
-
-    builder = {"kkt": kkt_solve_kernel, "gla": gla_factors_kernel}[kind]
-    tgt = tvm.target.Target({"kind": "cuda", "arch": "sm_90a"})
-    with tvm.transform.PassContext(opt_level=3, config=pass_configs(False, builder in GUARDED)), tgt:
-        return tilelang.lower(builder(*static), target=tgt, enable_device_compile=False).kernel_source
+    builder = {"kkt": launch.kkt_solve_kernel, "gla": launch.gla_factors_kernel}[kind]
+    return launch.jit_kernel(builder, *static).get_kernel_source()
 
 
 def main(argv=None) -> int:

@@ -74,8 +74,8 @@ def jit_kernel(builder, *static, warp_specialized: bool = False):
 
 def launch_function(kernel):
     """The main function of a JIT kernel's compiled module, which converts and checks its arguments itself: what the
-    kernel's own call reaches after TileLang's Python (about 6 us a launch on an H100 machine's host; our launchers
-    pass every argument, outputs included, so that Python has nothing to add). A kernel compiled in this process
+    kernel's own call reaches after TileLang's Python (our launchers pass every argument, outputs included, so that
+    Python has nothing to add). A kernel compiled in this process
     holds a TVM Executable (the module after jit()), one loaded from TileLang's disk cache the loaded module; a
     kernel without either keeps its own call."""
     import tvm_ffi
