@@ -4,16 +4,16 @@
     python benchmarks/smem_banks.py --source kernel.cu [--threads 128]
 
 Compiles one configuration for sm_90a as the launchers do (kernels.hopper.launch.jit_kernel; kind kkt or gla, and
-its builder's static arguments as tilela.kernels.hopper lists them), or reads a saved source, and for every
-shared-memory access in it (scalar and vector loads and stores through a dynamic-shared buffer, ldmatrix)
-evaluates each lane's byte address over every warp and every value of the enclosing loops with constant bounds. A warp's request splits into phases by its width (32 lanes of up to 4
-bytes, 16 of 8, 8 of 16; ldmatrix four phases of 8 row addresses), and a phase takes as many wavefronts as the most
-distinct 4-byte words any one of the 32 banks holds; ideal is its distinct words over 32, rounded up (ncu's "L1
-Wavefronts Shared" and "... Ideal"). Assumed: every lane active (predicates are not evaluated), variables other than
-the thread index and constant-bound loop counters 0 (uniform over the warp; offsets they add are taken as multiples
-of 128 bytes), loops with other bounds run once, and each access as the source writes it (ptxas may merge
-neighbouring scalar loads into one vector load, as it does with level 0's row reads in kkt_solve, which ncu then
-counts as that). TMA and wgmma operand traffic is not counted.
+its builder's static arguments as tilela.kernels.hopper lists them), or reads a saved source, and for every shared-
+memory access in it (scalar and vector loads and stores through a dynamic-shared buffer, ldmatrix) evaluates each
+lane's byte address over every warp and every value of the enclosing loops with constant bounds. A warp's request
+splits into phases by its width (32 lanes of up to 4 bytes, 16 of 8, 8 of 16; ldmatrix four phases of 8 row
+addresses), and a phase takes as many wavefronts as the most distinct 4-byte words any one of the 32 banks holds;
+ideal is its distinct words over 32, rounded up (ncu's "L1 Wavefronts Shared" and "... Ideal"). Assumed: every lane
+active (predicates are not evaluated), variables other than the thread index and constant-bound loop counters 0
+(uniform over the warp; offsets they add are taken as multiples of 128 bytes), loops with other bounds run once, and
+each access as the source writes it (ptxas may merge neighbouring scalar loads into one vector load, as it does with
+level 0's row reads in kkt_solve, which ncu then counts as that). TMA and wgmma operand traffic is not counted.
 """
 
 import argparse
