@@ -286,8 +286,8 @@ def gla_factors_kernel(K: int, dtype: str, gate_in: tuple | None, delta: bool = 
                 store_rows(out_s, P, start, rows, hv, tx, xs)
 
                 if delta:
-                    invert(inv.Xd, inv.Lo, inv.M10, inv.X00, inv.X11, inv.F32, inv.F1, inv.col, inv.Q_a, inv.Q_b,
-                           inv.X_a, inv.F, level1_view(Kr_s), out_s, beta_s, tx)
+                    invert(inv.Xd, inv.Lo, inv.M10, inv.X00, inv.X11, inv.F32, inv.F1, inv.L1b, inv.col, inv.Q_a,
+                           inv.Q_b, inv.X_a, inv.F, level1_view(Kr_s), out_s, beta_s, tx)
                     store_rows(out_s, Ab, start, rows, hv, tx, xs)
 
     return gla_factors

@@ -25,7 +25,8 @@ recursion of seed 000:
             four blocks batched into one 64x16 @ 16x64 product whose diagonal blocks are kept (neumann);
   level 1   C >= 32: the 16x16 coupling -X_1 L_10 X_0 of each 32 half, two tensor-core GEMMs on -L_10 (negated
             at extraction) per head, its two halves' blocks side by side in one 32x16 by 16x32 product whose diagonal
-            blocks are kept (fp16 operands in the K slice's dead bytes, fp32 accumulation);
+            blocks are kept (fp16 operands, the left in the K slice's dead bytes, the right in a buffer of their own
+            as the product reads them, so both are staged by row copies; fp32 accumulation);
   level 2   C == 64: the 32x32 coupling -X_11 M_10 X_00, two tensor-core GEMMs (fp16 operands: the 11-bit
             mantissa of tf32; fp32 accumulation).
 
@@ -72,7 +73,7 @@ def inverse_buffers(C: int, P: int, method: str) -> SimpleNamespace:
     them the kernel cache's keys): Xd (I + L_bb of the P * NB diagonal 16x16 blocks on entry, inverted in place), Lo
     (-L_10 of each 32 half on entry, then X_10), M10 (C == 64: -M_10 on entry) and the levels' scratch (None where a
     configuration has none); layouts: the linear layouts of the 16x16 block buffers, for the caller's one
-    T.annotate_layout. Level 1's fp16 operands are not among them: the caller lends dead shared memory (level1_view)."""
+    T.annotate_layout. Level 1's left operands are not among them: the caller lends dead shared memory (level1_view)."""
     NB = TILE // BLOCK
     shapes = {  # name: (allocator, shape, dtype)
         "Xd": (T.alloc_shared, (P * NB, BLOCK + 1, BLOCK), ACC),
@@ -80,7 +81,8 @@ def inverse_buffers(C: int, P: int, method: str) -> SimpleNamespace:
         "col": (T.alloc_local, (COLS, BLOCK), ACC),  # a lane's columns of its diagonal block's inverse
     }
     if C >= 32:  # level 1's product of a head's two 32 halves, 16x16 blocks side by side
-        shapes.update(F1=(T.alloc_fragment, (32, 32), ACC))
+        shapes.update(F1=(T.alloc_fragment, (32, 32), ACC),
+                      L1b=(T.alloc_shared, (P, BLOCK, 2 * BLOCK), "float16"))  # its right operands, as read
     if C == 64:  # 32x32 operands of level 2 in fp16 (the 11-bit mantissa of tf32)
         shapes.update(M10=(T.alloc_shared, (P, 32, 32), "float16"),  # -M_10, then -X_11 M_10
                       X00=(T.alloc_shared, (P, 32, 32), "float16"),
@@ -91,7 +93,7 @@ def inverse_buffers(C: int, P: int, method: str) -> SimpleNamespace:
                       Q_b=(T.alloc_shared, (P, BLOCK, TILE), "float16"),
                       X_a=(T.alloc_shared, (P, TILE, BLOCK), "float16"),
                       F=(T.alloc_fragment, (TILE, TILE), ACC))
-    inv = SimpleNamespace(**dict.fromkeys(("F1", "M10", "X00", "X11", "F32", "Q_a", "Q_b", "X_a", "F")))
+    inv = SimpleNamespace(**dict.fromkeys(("F1", "L1b", "M10", "X00", "X11", "F32", "Q_a", "Q_b", "X_a", "F")))
     for name, (alloc, shape, dtype) in shapes.items():
         setattr(inv, name, IRBuilder.name(name, alloc(shape, dtype)))
     inv.layouts = {inv.Xd: tilelang.layout.make_linear_layout(inv.Xd),
@@ -100,20 +102,20 @@ def inverse_buffers(C: int, P: int, method: str) -> SimpleNamespace:
 
 
 def level1_view(buffer):
-    """Level 1's two fp16 operands (tile_inverse's L1) in the bytes of a shared buffer the caller leaves dead during
+    """Level 1's left fp16 operands (tile_inverse's L1) in the bytes of a shared buffer the caller leaves dead during
     the inverse's levels 0 and 1 (kkt_solve's K slice, gla_factors' key operand; both staged into only after them):
-    a (n, TILE, BLOCK) fp16 view, n >= 2."""
+    a (n, TILE, BLOCK) fp16 view, n >= 1."""
     halves = math.prod(int(extent) for extent in buffer.shape) * tvm.DataType(buffer.dtype).bits // 16
     return T.view(buffer, (halves // (TILE * BLOCK), TILE, BLOCK), "float16")
 
 
 def tile_inverse(C: int, P: int, method: str, scaled: bool = False):
-    """The macro invert(Xd, Lo, M10, X00, X11, F32, F1, col, Q_a, Q_b, X_a, F, L1, out_s, beta_s, tx) (inverse_buffers'
-    buffers, L1 level1_view's, out_s a (TILE, >= P, C) shared staging, beta_s (P, TILE) fp32, tx the thread): the
-    block-diagonal inverse of P value heads' tiles into out_s[i, p, :] (row i keeps the C columns of its own chunk), by
-    levels 0-2 of the module docstring. scaled: Ab = A diag(beta) instead, column j of head p times beta_s[p, j] (j
-    the tile row of the column's token) as the fp32 blocks are assembled, so out_s holds Ab rounded once and leaves as
-    it is staged; beta_s is not read otherwise."""
+    """The macro invert(Xd, Lo, M10, X00, X11, F32, F1, L1b, col, Q_a, Q_b, X_a, F, L1, out_s, beta_s, tx)
+    (inverse_buffers' buffers, L1 level1_view's, out_s a (TILE, >= P, C) shared staging, beta_s (P, TILE) fp32, tx
+    the thread): the block-diagonal inverse of P value heads' tiles into out_s[i, p, :] (row i keeps the C columns of
+    its own chunk), by levels 0-2 of the module docstring. scaled: Ab = A diag(beta) instead, column j of head p times
+    beta_s[p, j] (j the tile row of the column's token) as the fp32 blocks are assembled, so out_s holds Ab rounded
+    once and leaves as it is staged; beta_s is not read otherwise."""
     NB = TILE // BLOCK
     Q = P * NB // 2  # 32 halves of the P heads' tiles
 
@@ -149,12 +151,11 @@ def tile_inverse(C: int, P: int, method: str, scaled: bool = False):
                         X_a[p, i, j % BLOCK] = Xd[p * NB + i // BLOCK, i % BLOCK, j % BLOCK]
 
     @T.macro
-    def level1_product(L1, F1, Lo, last):
-        """Each head's L1[0] rows times L1[1] rows transposed (32 x 16 by 16 x 32, two 32 halves' blocks), the
+    def level1_product(L1, L1b, F1, Lo, last):
+        """Each head's L1[0] rows times L1b[p] (32 x 16 by 16 x 32, two 32 halves' blocks side by side), the
         diagonal 16x16 blocks kept: into L1[0] (the next product's left operand), or into Lo where last."""
         for p in T.unroll(Q // 2):
-            T.gemm(L1[0, p * 32 : p * 32 + 32, :], L1[1, p * 32 : p * 32 + 32, :], F1, transpose_B=True,
-                   clear_accum=True)
+            T.gemm(L1[0, p * 32 : p * 32 + 32, :], L1b[p, :, :], F1, clear_accum=True)
             for i, j in T.Parallel(32, 32):
                 if i // BLOCK == j // BLOCK:
                     if last:
@@ -174,7 +175,7 @@ def tile_inverse(C: int, P: int, method: str, scaled: bool = False):
             Xh[p, BLOCK + r, BLOCK + c] = Xd[p * NB + 2 * h + 1, r, c]
 
     @T.macro
-    def invert(Xd, Lo, M10, X00, X11, F32, F1, col, Q_a, Q_b, X_a, F, L1, out_s, beta_s, tx):
+    def invert(Xd, Lo, M10, X00, X11, F32, F1, L1b, col, Q_a, Q_b, X_a, F, L1, out_s, beta_s, tx):
         # level 0: the P * NB diagonal 16x16 blocks
         if method == "blocked":
             # lane (b, u) owns columns t = COLS u + j, j < COLS, of block b (BLOCK / COLS lanes a block) and forms
@@ -203,15 +204,16 @@ def tile_inverse(C: int, P: int, method: str, scaled: bool = False):
 
         # level 1: X_10 = -X_1 L_10 X_0 in each 32 half, into Lo: a head's two halves' 16x16 products batched as one
         # (32 x 16) @ (16 x 32) product on the tensor cores whose diagonal blocks are kept (fp16 operands, as level
-        # 2's; fp32 accumulation), the right operand held transposed (L1[1] row 16 q + t is its column t)
+        # 2's; fp32 accumulation), the right operands side by side in L1b (half q's at columns 16 (q % 2) + t)
         if C >= 32:
             for q, s, m in T.Parallel(Q, BLOCK, BLOCK):
                 L1[0, q * BLOCK + s, m] = Xd[2 * q + 1, s, m]  # X_1
-                L1[1, q * BLOCK + s, m] = Lo[q, m, s]  # (-L_10)^T
-            level1_product(L1, F1, Lo, 0)  # -X_1 L_10 into L1[0]
-            for q, t, m in T.Parallel(Q, BLOCK, BLOCK):
-                L1[1, q * BLOCK + t, m] = Xd[2 * q, m, t]  # X_0^T
-            level1_product(L1, F1, Lo, 1)  # -X_1 L_10 X_0 into Lo
+            for q, s, m in T.Parallel(Q, BLOCK, BLOCK):
+                L1b[q // 2, s, (q % 2) * BLOCK + m] = Lo[q, s, m]  # -L_10
+            level1_product(L1, L1b, F1, Lo, 0)  # -X_1 L_10 into L1[0]
+            for q, m, t in T.Parallel(Q, BLOCK, BLOCK):
+                L1b[q // 2, m, (q % 2) * BLOCK + t] = Xd[2 * q, m, t]  # X_0
+            level1_product(L1, L1b, F1, Lo, 1)  # -X_1 L_10 X_0 into Lo
 
         # assemble the block-diagonal inverse; row i keeps the C columns of its own chunk (the column of tile row j
         # at j % C): zeros in the blocks above the diagonal, the levels' blocks in the others
@@ -485,8 +487,8 @@ def kkt_solve_kernel(chunk: int, method: str, dtype: str, gate: str, pair: int, 
                         # extraction: I + L on the diagonal blocks, -L_10 and -M_10 off them (L_ij, i > j, same chunk)
                         extract(KKs, beta_s, g_s, rows, inv.Xd, inv.Lo, inv.M10, kk, tx)
 
-                        invert(inv.Xd, inv.Lo, inv.M10, inv.X00, inv.X11, inv.F32, inv.F1, inv.col, inv.Q_a,
-                               inv.Q_b, inv.X_a, inv.F, L1, out_s, beta_s, tx)
+                        invert(inv.Xd, inv.Lo, inv.M10, inv.X00, inv.X11, inv.F32, inv.F1, inv.L1b, inv.col,
+                               inv.Q_a, inv.Q_b, inv.X_a, inv.F, L1, out_s, beta_s, tx)
 
                         # write back the rows of this sequence, for the live value heads, as staged
                         for i, p, j in T.Parallel(TILE, P, C):
