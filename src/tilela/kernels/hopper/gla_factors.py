@@ -84,16 +84,16 @@ def gla_factors_kernel(K: int, dtype: str, gate_in: tuple | None, delta: bool = 
     min_blocks = FACTORS_PER_SM[dtype]
 
     @T.macro
-    def unit_lower_rows(KK, rows, beta_s, Xd, Lo, M10):
+    def unit_lower_rows(KK, rows, beta_s, Xd, L1b, M10):
         """I + L, L_ij = beta_i (Gamma ⊙ K K^T)_ij for i > j (KK: the key rows' scores), into the inverse's buffers
-        (kkt_solve.inverse_buffers): the diagonal 16x16 blocks (Xd), -L_10 of each 32 half (Lo), -M_10 (M10); rows
-        past the sequence end hold 0."""
+        (kkt_solve.inverse_buffers): the diagonal 16x16 blocks (Xd), -L_10 of each 32 half (L1b, fp16, the halves side
+        by side), -M_10 (M10); rows past the sequence end hold 0."""
         for i, j in T.Parallel(C, C):
             L = T.if_then_else(i < rows and j < i, beta_s[0, i] * KK[i, j], 0.0)
             if i // BLOCK == j // BLOCK:
                 Xd[i // BLOCK, i % BLOCK, j % BLOCK] = T.if_then_else(i == j, 1.0, L)
             elif i // BLOCK % 2 == 1 and j // BLOCK == i // BLOCK - 1:
-                Lo[i // (2 * BLOCK), i % BLOCK, j % BLOCK] = -L
+                L1b[0, i % BLOCK, i // (2 * BLOCK) * BLOCK + j % BLOCK] = T.cast(-L, L1b.dtype)
             elif i >= 2 * BLOCK and j < 2 * BLOCK:
                 M10[0, i - 2 * BLOCK, j] = -L
 
@@ -280,7 +280,7 @@ def gla_factors_kernel(K: int, dtype: str, gate_in: tuple | None, delta: bool = 
                 if num_wild > 0:
                     wild_scores(wild, slots, num_wild, q, k, start, rows, hq, gl, r0, d0, Gw_s, Qw_s, Kw_s, P_f, KK)
                 if delta:
-                    unit_lower_rows(KK, rows, beta_s, inv.Xd, inv.Lo, inv.M10)
+                    unit_lower_rows(KK, rows, beta_s, inv.Xd, inv.L1b, inv.M10)
                 for i, j in T.Parallel(C, C):  # whole rows through the key operand's memory, dead now
                     out_s[i, 0, j] = T.if_then_else(j <= i, P_f[i, j] * scale, 0)
                 store_rows(out_s, P, start, rows, hv, tx, xs)

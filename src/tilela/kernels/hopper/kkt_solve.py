@@ -26,7 +26,7 @@ recursion of seed 000:
   level 1   C >= 32: the 16x16 coupling -X_1 L_10 X_0 of each 32 half, two tensor-core GEMMs on -L_10 (negated
             at extraction) per head, its two halves' blocks side by side in one 32x16 by 16x32 product whose diagonal
             blocks are kept (fp16 operands, the left in the K slice's dead bytes, the right in a buffer of their own
-            as the product reads them, so both are staged by row copies; fp32 accumulation);
+            as the product reads them: -L_10 stored there by the extraction, X_0 by a row copy; fp32 accumulation);
   level 2   C == 64: the 32x32 coupling -X_11 M_10 X_00, two tensor-core GEMMs (fp16 operands: the 11-bit
             mantissa of tf32; fp32 accumulation).
 
@@ -70,9 +70,10 @@ CHANNEL_MIN_BLOCKS = 2  # per-channel gate: its gc and score tiles leave room fo
 def inverse_buffers(C: int, P: int, method: str) -> SimpleNamespace:
     """tile_inverse's buffers for P value heads at chunk C, allocated in the calling kernel's body under their names
     (as chunk_fwd_ws.allocate_shared does: unnamed, their generated names would vary between processes, and with
-    them the kernel cache's keys): Xd (I + L_bb of the P * NB diagonal 16x16 blocks on entry, inverted in place), Lo
-    (-L_10 of each 32 half on entry, then X_10), M10 (C == 64: -M_10 on entry) and the levels' scratch (None where a
-    configuration has none); layouts: the linear layouts of the 16x16 block buffers, for the caller's one
+    them the kernel cache's keys): Xd (I + L_bb of the P * NB diagonal 16x16 blocks on entry, inverted in place), L1b
+    (C >= 32: -L_10 of each head's two 32 halves side by side on entry, level 1's right operands), Lo (X_10 of each
+    32 half, level 1's result), M10 (C == 64: -M_10 on entry) and the levels' scratch (None where a configuration has
+    none); layouts: the linear layouts of the 16x16 block buffers, for the caller's one
     T.annotate_layout. Level 1's left operands are not among them: the caller lends dead shared memory (level1_view)."""
     NB = TILE // BLOCK
     shapes = {  # name: (allocator, shape, dtype)
@@ -207,9 +208,7 @@ def tile_inverse(C: int, P: int, method: str, scaled: bool = False):
         # 2's; fp32 accumulation), the right operands side by side in L1b (half q's at columns 16 (q % 2) + t)
         if C >= 32:
             for q, s, m in T.Parallel(Q, BLOCK, BLOCK):
-                L1[0, q * BLOCK + s, m] = Xd[2 * q + 1, s, m]  # X_1
-            for q, s, m in T.Parallel(Q, BLOCK, BLOCK):
-                L1b[q // 2, s, (q % 2) * BLOCK + m] = Lo[q, s, m]  # -L_10
+                L1[0, q * BLOCK + s, m] = Xd[2 * q + 1, s, m]  # X_1; -L_10 is in L1b from the extraction
             level1_product(L1, L1b, F1, Lo, 0)  # -X_1 L_10 into L1[0]
             for q, m, t in T.Parallel(Q, BLOCK, BLOCK):
                 L1b[q // 2, m, (q % 2) * BLOCK + t] = Xd[2 * q, m, t]  # X_0
@@ -342,9 +341,9 @@ def kkt_solve_kernel(chunk: int, method: str, dtype: str, gate: str, pair: int, 
             raw[3] = dt_bias[T.min(hv, num_b - 1)]
 
     @T.macro
-    def extract_block(KKs, beta_s, g_s, rows, Xd, Lo, M10, kk, tx, bi, bj, dest, a):
+    def extract_block(KKs, beta_s, g_s, rows, Xd, L1b, M10, kk, tx, bi, bj, dest, a):
         """Thread tx's four entries of L (extract) in block (bi, bj) of each head into dest: "Xd" its diagonal block
-        bi (I + L), "Lo" that of 32 half a (-L), "M10" its row block a (-L)."""
+        bi (I + L), "L1b" that of 32 half a (-L, level 1's right operand in fp16), "M10" its row block a (-L)."""
         r = tx % (THREADS // 2) // (BLOCK // 4)
         c0 = tx % (BLOCK // 4) * 4
         for c in T.vectorized(4):
@@ -363,27 +362,27 @@ def kkt_solve_kernel(chunk: int, method: str, dtype: str, gate: str, pair: int, 
                 L = T.if_then_else(i < rows, x, 0.0)
                 if dest == "Xd":
                     Xd[p * NB + bi, r, c0 + c] = L * below + T.cast(r == c0 + c, ACC)
-                elif dest == "Lo":
-                    Lo[p * 2 + a, r, c0 + c] = -L
+                elif dest == "L1b":
+                    L1b[p, r, a * BLOCK + c0 + c] = T.cast(-L, L1b.dtype)
                 else:
                     M10[p, a * BLOCK + r, bj * BLOCK + c0 + c] = -L
 
     @T.macro
-    def extract(KKs, beta_s, g_s, rows, Xd, Lo, M10, kk, tx):
+    def extract(KKs, beta_s, g_s, rows, Xd, L1b, M10, kk, tx):
         """From K K^T's lower blocks, each head p's L_ij = beta_i (K K^T)_ij exp(g_i - g_j) (i = 16 bi + r > j =
         16 bj + c in one chunk; a per-channel gate is in KKs already) into the inverse's inputs: I + L on the
-        diagonal blocks (Xd), -L_10 of each 32 half (Lo), -M_10 (M10, C == 64). Rows past the sequence end are 0
+        diagonal blocks (Xd), -L_10 of each 32 half (L1b, C >= 32), -M_10 (M10, C == 64). Rows past the sequence end are 0
         (selected, not multiplied: their exponent is unbounded). Thread tx forms four neighbouring entries of a
         row, r = (tx % 64) / 4, c = 4 (tx % 4) + 0..3, of the block its half of the CTA (h = tx / 64) takes in each
         step, two blocks a step: one 16-byte read of KKs (into kk) serves the P heads, one 16-byte store a head."""
         h = tx // (THREADS // 2)
         for step in T.unroll(NB // 2):  # the diagonal blocks 2 step + h
-            extract_block(KKs, beta_s, g_s, rows, Xd, Lo, M10, kk, tx, 2 * step + h, 2 * step + h, "Xd", 0)
+            extract_block(KKs, beta_s, g_s, rows, Xd, L1b, M10, kk, tx, 2 * step + h, 2 * step + h, "Xd", 0)
         if C >= 32:  # L_10 of 32 half h
-            extract_block(KKs, beta_s, g_s, rows, Xd, Lo, M10, kk, tx, 2 * h + 1, 2 * h, "Lo", h)
+            extract_block(KKs, beta_s, g_s, rows, Xd, L1b, M10, kk, tx, 2 * h + 1, 2 * h, "L1b", h)
         if C == 64:  # M_10's blocks (2 + a, h)
             for a in T.unroll(2):
-                extract_block(KKs, beta_s, g_s, rows, Xd, Lo, M10, kk, tx, 2 + a, h, "M10", a)
+                extract_block(KKs, beta_s, g_s, rows, Xd, L1b, M10, kk, tx, 2 + a, h, "M10", a)
 
     @T.macro
     def gated_kkt(k_s, g_s, Qr, Kr, KK, KKs):
@@ -485,7 +484,7 @@ def kkt_solve_kernel(chunk: int, method: str, dtype: str, gate: str, pair: int, 
                             gated_kkt(k_s, gc_s, Qr, Kr, KK, KKs)
 
                         # extraction: I + L on the diagonal blocks, -L_10 and -M_10 off them (L_ij, i > j, same chunk)
-                        extract(KKs, beta_s, g_s, rows, inv.Xd, inv.Lo, inv.M10, kk, tx)
+                        extract(KKs, beta_s, g_s, rows, inv.Xd, inv.L1b, inv.M10, kk, tx)
 
                         invert(inv.Xd, inv.Lo, inv.M10, inv.X00, inv.X11, inv.F32, inv.F1, inv.L1b, inv.col,
                                inv.Q_a, inv.Q_b, inv.X_a, inv.F, L1, out_s, beta_s, tx)
