@@ -6,9 +6,11 @@ tilela.kernels.hopper are the whole set: every head count (and K = 64, 128, 256)
 The configurations are compiled once, in parallel over the machine's cores, and each test checks its own.
 """
 
+import importlib.util
 import os
 import shutil
 from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -30,6 +32,10 @@ CASES = ([("cumsum", c) for c in hopper.CUMSUM_CONFIGS] + [("kkt_solve", c) for 
          + [("gla_factors", c) for c in hopper.GLA_FACTORS_CONFIGS]
          + [("seq_combine", c) for c in hopper.SEQ_COMBINE_CONFIGS]
          + [("l2norm", c) for c in hopper.L2NORM_CONFIGS])
+spec = importlib.util.spec_from_file_location("smem_banks", Path(__file__).parents[1] / "benchmarks" / "smem_banks.py")
+smem_banks = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(smem_banks)
+
 BUILDERS = {"cumsum": chunk_local_cumsum_kernel, "kkt_solve": kkt_solve_kernel, "gla_factors": gla_factors_kernel,
             "seq_combine": seq_combine_kernel, "l2norm": l2norm_kernel}
 
@@ -72,6 +78,10 @@ def test_compiles_for_sm90a(compiled, case):
         assert ("tl::tma_load(k_desc" in source) == (gate != "channel")
         # A and Ab (scaled: beta folded into the inverse's fp32 assembly) leave as staged, in 16-byte row stores
         assert "*(uint4*)(A + " in source
+        # the 16x16 blocks of K K^T and of level 1's result (kkt_solve.block_layout) take the wgmma accumulators'
+        # 8-byte row pieces and give 16-byte row reads without bank conflicts
+        blocks = [row for row in smem_banks.count(source, 128) if row[2] in ("KKs", "Lo") and row[3] >= 8]
+        assert blocks and all(wavefronts == ideal for *_, wavefronts, ideal, _ in blocks), blocks
         if case[1][0] == 64:  # level 2's buffers keep their allocation names, so the kernel cache's key (the source)
             # is the same in every process (a name bound by a loop target is deduplicated in no fixed order)
             assert "half_t*)X00)" in source and "half_t*)X11)" in source

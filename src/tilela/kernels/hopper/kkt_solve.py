@@ -30,14 +30,15 @@ recursion of seed 000:
   level 2   C == 64: the 32x32 coupling -X_11 M_10 X_00, two tensor-core GEMMs (fp16 operands: the 11-bit
             mantissa of tf32; fp32 accumulation).
 
-The 16x16 blocks live in (n, 17, 16) fp32 shared buffers with a linear layout (the 17-row stride puts two
-neighbouring blocks half a bank row apart). The K slice arrives by one TMA load (a warp's elected lane; its
-shared-memory swizzle is K K^T's operand layout) where K K^T is formed once a tile, and by the threads' 16-byte loads
-under the per-channel gate (once per value head). The output is staged in the shared memory of the K slice, dead
-after the GEMM, and leaves as 16-byte row stores of the live rows and value heads. Varlen needs no host
-synchronisation: tile slot s belongs to the last sequence n with floor(cu[n] / 64) + n <= s (common.locate_tile: a
-warp's search of cu_seqlens); the grid is an upper bound (floor(T / 64) + N slots) whose surplus slots exit. The
-dense [B, T] layout is the special case dense_len = T.
+The 16x16 blocks live in (n, 17, 16) fp32 shared buffers (the 17-row stride puts two neighbouring blocks half a bank
+row apart): linear where the threads write them (Xd), with rows r of r // 2 odd rotated by 8 columns where a
+tensor-core accumulator does (K K^T's blocks, level 1's result: block_layout). The K slice arrives by one TMA load
+(a warp's elected lane; its shared-memory swizzle is K K^T's operand layout) where K K^T is formed once a tile, and
+by the threads' 16-byte loads under the per-channel gate (once per value head). The output is staged in the shared
+memory of the K slice, dead after the GEMM, and leaves as 16-byte row stores of the live rows and value heads.
+Varlen needs no host synchronisation: tile slot s belongs to the last sequence n with floor(cu[n] / 64) + n <= s
+(common.locate_tile: a warp's search of cu_seqlens); the grid is an upper bound (floor(T / 64) + N slots) whose
+surplus slots exit. The dense [B, T] layout is the special case dense_len = T.
 Rows past a sequence end are masked (select, not multiply): a product entry meets only the two rows it pairs, and
 every entry with a row past the end is selected away, so whatever those rows hold (the next sequence's, by TMA;
 the sequence's last row, clamped, under the per-channel gate) leaves rows < len exact.
@@ -73,7 +74,7 @@ def inverse_buffers(C: int, P: int, method: str) -> SimpleNamespace:
     them the kernel cache's keys): Xd (I + L_bb of the P * NB diagonal 16x16 blocks on entry, inverted in place), L1b
     (C >= 32: -L_10 of each head's two 32 halves side by side on entry, level 1's right operands), Lo (X_10 of each
     32 half, level 1's result), M10 (C == 64: -M_10 on entry) and the levels' scratch (None where a configuration has
-    none); layouts: the linear layouts of the 16x16 block buffers, for the caller's one
+    none); layouts: the layouts of the 16x16 block buffers (Xd linear, Lo block_layout), for the caller's one
     T.annotate_layout. Level 1's left operands are not among them: the caller lends dead shared memory (level1_view)."""
     NB = TILE // BLOCK
     shapes = {  # name: (allocator, shape, dtype)
@@ -97,9 +98,16 @@ def inverse_buffers(C: int, P: int, method: str) -> SimpleNamespace:
     inv = SimpleNamespace(**dict.fromkeys(("F1", "L1b", "M10", "X00", "X11", "F32", "Q_a", "Q_b", "X_a", "F")))
     for name, (alloc, shape, dtype) in shapes.items():
         setattr(inv, name, IRBuilder.name(name, alloc(shape, dtype)))
-    inv.layouts = {inv.Xd: tilelang.layout.make_linear_layout(inv.Xd),
-                   inv.Lo: tilelang.layout.make_linear_layout(inv.Lo)}
+    inv.layouts = {inv.Xd: tilelang.layout.make_linear_layout(inv.Xd), inv.Lo: block_layout(inv.Lo)}
     return inv
+
+
+def block_layout(buffer):
+    """The layout of a (n, BLOCK + 1, BLOCK) fp32 buffer of 16x16 blocks that a tensor-core accumulator fills: blocks
+    BLOCK + 1 rows apart (two neighbouring blocks half a bank row apart), rows linear, except that a row r with
+    r // 2 odd holds its columns rotated by 8. An accumulator's 8-byte row pieces reach rows r and r + 2 in one
+    phase, which the rotation puts on distinct banks; 4-column groups stay contiguous (16-byte row reads)."""
+    return T.Layout(buffer.shape, lambda b, r, c: (b * (BLOCK + 1) + r) * BLOCK + (c + r // 2 % 2 * 8) % BLOCK)
 
 
 def level1_view(buffer):
@@ -442,7 +450,7 @@ def kkt_solve_kernel(chunk: int, method: str, dtype: str, gate: str, pair: int, 
                 beta_s = T.alloc_shared((P, TILE), ACC)
                 g_s = T.alloc_shared((P, TILE), ACC)
                 inv = inverse_buffers(C, P, method)
-                T.annotate_layout({KKs: tilelang.layout.make_linear_layout(KKs), **inv.layouts})
+                T.annotate_layout({KKs: block_layout(KKs), **inv.layouts})
                 if channel:  # row block a's scores against the reference R_a = g at its first row
                     gc_s = T.alloc_shared((TILE, KSTEP), ACC)  # log2(e) gc of the value head
                     Qr = T.alloc_shared((TILE, KSTEP), score_dtype)  # k_i exp(g_i - R_a(i))
