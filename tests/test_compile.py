@@ -79,8 +79,10 @@ def test_compiles_for_sm90a(compiled, case):
         # A and Ab (scaled: beta folded into the inverse's fp32 assembly) leave as staged, in 16-byte row stores
         assert "*(uint4*)(A + " in source
         # the 16x16 blocks of K K^T and of level 1's result (kkt_solve.block_layout) take the wgmma accumulators'
-        # 8-byte row pieces and give 16-byte row reads without bank conflicts
-        blocks = [row for row in smem_banks.count(source, 128) if row[2] in ("KKs", "Lo") and row[3] >= 8]
+        # 8-byte row pieces and give 16-byte row reads, the levels' fp16 operands (operand_layout) their 8-byte row
+        # stores and ldmatrix, without bank conflicts
+        blocks = [row for row in smem_banks.count(source, 128)
+                  if row[2] in ("KKs", "Lo", "L1b", "M10", "X00", "X11") and row[3] >= 8]
         assert blocks and all(wavefronts == ideal for *_, wavefronts, ideal, _ in blocks), blocks
         if case[1][0] == 64:  # level 2's buffers keep their allocation names, so the kernel cache's key (the source)
             # is the same in every process (a name bound by a loop target is deduplicated in no fixed order)

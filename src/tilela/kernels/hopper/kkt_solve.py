@@ -32,13 +32,14 @@ recursion of seed 000:
 
 The 16x16 blocks live in (n, 17, 16) fp32 shared buffers (the 17-row stride puts two neighbouring blocks half a bank
 row apart): linear where the threads write them (Xd), with rows r of r // 2 odd rotated by 8 columns where a
-tensor-core accumulator does (K K^T's blocks, level 1's result: block_layout). The K slice arrives by one TMA load
-(a warp's elected lane; its shared-memory swizzle is K K^T's operand layout) where K K^T is formed once a tile, and
-by the threads' 16-byte loads under the per-channel gate (once per value head). The output is staged in the shared
-memory of the K slice, dead after the GEMM, and leaves as 16-byte row stores of the live rows and value heads.
-Varlen needs no host synchronisation: tile slot s belongs to the last sequence n with floor(cu[n] / 64) + n <= s
-(common.locate_tile: a warp's search of cu_seqlens); the grid is an upper bound (floor(T / 64) + N slots) whose
-surplus slots exit. The dense [B, T] layout is the special case dense_len = T.
+tensor-core accumulator does (K K^T's blocks, level 1's result: block_layout); the fp16 operands of levels 1 and 2
+in operand_layout. The K slice arrives by one TMA load (a warp's elected lane; its shared-memory swizzle is K K^T's
+operand layout) where K K^T is formed once a tile, and by the threads' 16-byte loads under the per-channel gate
+(once per value head). The output is staged in the shared memory of the K slice, dead after the GEMM, and leaves as
+16-byte row stores of the live rows and value heads. Varlen needs no host synchronisation: tile slot s belongs to
+the last sequence n with floor(cu[n] / 64) + n <= s (common.locate_tile: a warp's search of cu_seqlens); the grid is
+an upper bound (floor(T / 64) + N slots) whose surplus slots exit. The dense [B, T] layout is the special case
+dense_len = T.
 Rows past a sequence end are masked (select, not multiply): a product entry meets only the two rows it pairs, and
 every entry with a row past the end is selected away, so whatever those rows hold (the next sequence's, by TMA;
 the sequence's last row, clamped, under the per-channel gate) leaves rows < len exact.
@@ -99,6 +100,7 @@ def inverse_buffers(C: int, P: int, method: str) -> SimpleNamespace:
     for name, (alloc, shape, dtype) in shapes.items():
         setattr(inv, name, IRBuilder.name(name, alloc(shape, dtype)))
     inv.layouts = {inv.Xd: tilelang.layout.make_linear_layout(inv.Xd), inv.Lo: block_layout(inv.Lo)}
+    inv.layouts.update({buf: operand_layout(buf) for buf in (inv.L1b, inv.M10, inv.X00, inv.X11) if buf is not None})
     return inv
 
 
@@ -108,6 +110,17 @@ def block_layout(buffer):
     r // 2 odd holds its columns rotated by 8. An accumulator's 8-byte row pieces reach rows r and r + 2 in one
     phase, which the rotation puts on distinct banks; 4-column groups stay contiguous (16-byte row reads)."""
     return T.Layout(buffer.shape, lambda b, r, c: (b * (BLOCK + 1) + r) * BLOCK + (c + r // 2 % 2 * 8) % BLOCK)
+
+
+def operand_layout(buffer):
+    """The layout of a (P, rows, 32) fp16 buffer of level 1's or level 2's tensor-core operands (L1b, M10, X00, X11):
+    rows of 64 bytes whose four 16-byte chunks are rotated by 2 (r // 2 % 2) + r // 4 % 2. A phase of 8-byte stores
+    reaches rows r to r + 3 in one 32-byte half; rows r + 2 and r + 3 hold it in the other half, on other banks
+    (a swizzle by r // 2 % 4 keeps it in the same one). ldmatrix's eight rows of one chunk take four distinct chunk
+    positions, two rows each 64 bytes apart: conflict-free too."""
+    rows = buffer.shape[1]
+    return T.Layout(buffer.shape, lambda p, r, c: (p * rows + r) * 32
+                    + (c // 8 + r // 2 % 2 * 2 + r // 4 % 2) % 4 * 8 + c % 8)
 
 
 def level1_view(buffer):
