@@ -1,7 +1,9 @@
 """Test-wide setup: ``gpu`` tests run only where a Hopper (sm_90) GPU is visible; each session compiles from an
-empty TorchInductor cache."""
+empty TorchInductor cache; benchmarks/smem_banks.py is the ``smem_banks`` fixture."""
 
+import importlib.util
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,6 +19,16 @@ def fresh_inductor_cache(tmp_path_factory):
     tilela's custom ops (another schema) would otherwise be replayed for a graph that calls them with their default
     arguments, whose cache key is the same."""
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path_factory.mktemp("inductor"))
+
+
+@pytest.fixture(scope="session")
+def smem_banks():
+    """benchmarks/smem_banks.py (a script beside the benchmarks, not a module of the package), loaded once."""
+    path = Path(__file__).parents[1] / "benchmarks" / "smem_banks.py"
+    spec = importlib.util.spec_from_file_location("smem_banks", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def pytest_collection_modifyitems(config, items):

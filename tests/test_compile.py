@@ -6,11 +6,9 @@ tilela.kernels.hopper are the whole set: every head count (and K = 64, 128, 256)
 The configurations are compiled once, in parallel over the machine's cores, and each test checks its own.
 """
 
-import importlib.util
 import os
 import shutil
 from concurrent.futures import ProcessPoolExecutor
-from pathlib import Path
 
 import pytest
 
@@ -32,10 +30,6 @@ CASES = ([("cumsum", c) for c in hopper.CUMSUM_CONFIGS] + [("kkt_solve", c) for 
          + [("gla_factors", c) for c in hopper.GLA_FACTORS_CONFIGS]
          + [("seq_combine", c) for c in hopper.SEQ_COMBINE_CONFIGS]
          + [("l2norm", c) for c in hopper.L2NORM_CONFIGS])
-spec = importlib.util.spec_from_file_location("smem_banks", Path(__file__).parents[1] / "benchmarks" / "smem_banks.py")
-smem_banks = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(smem_banks)
-
 BUILDERS = {"cumsum": chunk_local_cumsum_kernel, "kkt_solve": kkt_solve_kernel, "gla_factors": gla_factors_kernel,
             "seq_combine": seq_combine_kernel, "l2norm": l2norm_kernel}
 
@@ -64,7 +58,7 @@ def compiled():
 
 
 @pytest.mark.parametrize("case", CASES, ids=[f"{k}-{'-'.join(map(str, c))}" for k, c in CASES])
-def test_compiles_for_sm90a(compiled, case):
+def test_compiles_for_sm90a(compiled, case, smem_banks):
     source = compiled[case]
     assert "__global__" in source
     if case[0] == "kkt_solve":

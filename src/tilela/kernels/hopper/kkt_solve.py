@@ -73,18 +73,19 @@ def inverse_buffers(C: int, P: int, method: str) -> SimpleNamespace:
     """tile_inverse's buffers for P value heads at chunk C, allocated in the calling kernel's body under their names
     (as chunk_fwd_ws.allocate_shared does: unnamed, their generated names would vary between processes, and with
     them the kernel cache's keys): Xd (I + L_bb of the P * NB diagonal 16x16 blocks on entry, inverted in place), L1b
-    (C >= 32: -L_10 of each head's two 32 halves side by side on entry, level 1's right operands), Lo (X_10 of each
-    32 half, level 1's result), M10 (C == 64: -M_10 on entry) and the levels' scratch (None where a configuration has
-    none); layouts: the layouts of the 16x16 block buffers (Xd linear, Lo block_layout), for the caller's one
-    T.annotate_layout. Level 1's left operands are not among them: the caller lends dead shared memory (level1_view)."""
+    (C >= 32: -L_10 of each head's two 32 halves side by side on entry, level 1's right operands), Lo (C >= 32: X_10
+    of each 32 half, level 1's result), M10 (C == 64: -M_10 on entry) and the levels' scratch (None where a
+    configuration has none); layouts: the layouts of the 16x16 block buffers (Xd linear, Lo block_layout) and the
+    fp16 operands (operand_layout), for the caller's one T.annotate_layout. Level 1's left operands are not among
+    them: the caller lends dead shared memory (level1_view)."""
     NB = TILE // BLOCK
     shapes = {  # name: (allocator, shape, dtype)
         "Xd": (T.alloc_shared, (P * NB, BLOCK + 1, BLOCK), ACC),
-        "Lo": (T.alloc_shared, (P * NB // 2, BLOCK + 1, BLOCK), ACC),
         "col": (T.alloc_local, (COLS, BLOCK), ACC),  # a lane's columns of its diagonal block's inverse
     }
     if C >= 32:  # level 1's product of a head's two 32 halves, 16x16 blocks side by side
         shapes.update(F1=(T.alloc_fragment, (32, 32), ACC),
+                      Lo=(T.alloc_shared, (P * NB // 2, BLOCK + 1, BLOCK), ACC),
                       L1b=(T.alloc_shared, (P, BLOCK, 2 * BLOCK), "float16"))  # its right operands, as read
     if C == 64:  # 32x32 operands of level 2 in fp16 (the 11-bit mantissa of tf32)
         shapes.update(M10=(T.alloc_shared, (P, 32, 32), "float16"),  # -M_10, then -X_11 M_10
@@ -96,11 +97,12 @@ def inverse_buffers(C: int, P: int, method: str) -> SimpleNamespace:
                       Q_b=(T.alloc_shared, (P, BLOCK, TILE), "float16"),
                       X_a=(T.alloc_shared, (P, TILE, BLOCK), "float16"),
                       F=(T.alloc_fragment, (TILE, TILE), ACC))
-    inv = SimpleNamespace(**dict.fromkeys(("F1", "L1b", "M10", "X00", "X11", "F32", "Q_a", "Q_b", "X_a", "F")))
+    inv = SimpleNamespace(**dict.fromkeys(("F1", "Lo", "L1b", "M10", "X00", "X11", "F32", "Q_a", "Q_b", "X_a", "F")))
     for name, (alloc, shape, dtype) in shapes.items():
         setattr(inv, name, IRBuilder.name(name, alloc(shape, dtype)))
-    inv.layouts = {inv.Xd: tilelang.layout.make_linear_layout(inv.Xd), inv.Lo: block_layout(inv.Lo)}
-    inv.layouts.update({buf: operand_layout(buf) for buf in (inv.L1b, inv.M10, inv.X00, inv.X11) if buf is not None})
+    layouts = ((inv.Xd, tilelang.layout.make_linear_layout), (inv.Lo, block_layout), (inv.L1b, operand_layout),
+               (inv.M10, operand_layout), (inv.X00, operand_layout), (inv.X11, operand_layout))
+    inv.layouts = {buf: layout(buf) for buf, layout in layouts if buf is not None}
     return inv
 
 
@@ -392,10 +394,11 @@ def kkt_solve_kernel(chunk: int, method: str, dtype: str, gate: str, pair: int, 
     def extract(KKs, beta_s, g_s, rows, Xd, L1b, M10, kk, tx):
         """From K K^T's lower blocks, each head p's L_ij = beta_i (K K^T)_ij exp(g_i - g_j) (i = 16 bi + r > j =
         16 bj + c in one chunk; a per-channel gate is in KKs already) into the inverse's inputs: I + L on the
-        diagonal blocks (Xd), -L_10 of each 32 half (L1b, C >= 32), -M_10 (M10, C == 64). Rows past the sequence end are 0
-        (selected, not multiplied: their exponent is unbounded). Thread tx forms four neighbouring entries of a
-        row, r = (tx % 64) / 4, c = 4 (tx % 4) + 0..3, of the block its half of the CTA (h = tx / 64) takes in each
-        step, two blocks a step: one 16-byte read of KKs (into kk) serves the P heads, one 16-byte store a head."""
+        diagonal blocks (Xd), -L_10 of each 32 half (L1b, C >= 32), -M_10 (M10, C == 64). Rows past the sequence
+        end are 0 (selected, not multiplied: their exponent is unbounded). Thread tx forms four neighbouring
+        entries of a row, r = (tx % 64) / 4, c = 4 (tx % 4) + 0..3, of the block its half of the CTA (h = tx / 64)
+        takes in each step, two blocks a step: one 16-byte read of KKs (into kk) serves the P heads, one 16-byte
+        store a head."""
         h = tx // (THREADS // 2)
         for step in T.unroll(NB // 2):  # the diagonal blocks 2 step + h
             extract_block(KKs, beta_s, g_s, rows, Xd, L1b, M10, kk, tx, 2 * step + h, 2 * step + h, "Xd", 0)
