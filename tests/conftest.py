@@ -1,5 +1,5 @@
 """Test-wide setup: ``gpu`` tests run only where a Hopper (sm_90) GPU is visible; each session compiles from an
-empty TorchInductor cache; benchmarks/smem_banks.py is the ``smem_banks`` fixture."""
+empty TorchInductor cache; benchmarks/smem_banks.py and inverse_latency.py are the fixtures of their names."""
 
 import importlib.util
 import os
@@ -21,14 +21,23 @@ def fresh_inductor_cache(tmp_path_factory):
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path_factory.mktemp("inductor"))
 
 
-@pytest.fixture(scope="session")
-def smem_banks():
-    """benchmarks/smem_banks.py (a script beside the benchmarks, not a module of the package), loaded once."""
-    path = Path(__file__).parents[1] / "benchmarks" / "smem_banks.py"
-    spec = importlib.util.spec_from_file_location("smem_banks", path)
+def benchmark_script(name: str):
+    """benchmarks/<name>.py (a script beside the benchmarks, not a module of the package), loaded."""
+    path = Path(__file__).parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope="session")
+def smem_banks():
+    return benchmark_script("smem_banks")
+
+
+@pytest.fixture(scope="session")
+def inverse_latency():
+    return benchmark_script("inverse_latency")
 
 
 def pytest_collection_modifyitems(config, items):
