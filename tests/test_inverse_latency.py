@@ -29,16 +29,10 @@ def test_reference_inverts_each_chunk(inverse_latency, chunk):
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
 def test_kernel_compiles_for_sm90a(inverse_latency):
     """The timed kernel lowers and nvcc-compiles with the inverse between its two clock64 stamps."""
-    import tilelang
-    from tilelang import tvm
+    from tilela.kernels.hopper.launch import jit_kernel
 
-    from tilela.kernels.hopper.common import pass_configs, target
-
-    with tvm.transform.PassContext(opt_level=3, config=pass_configs(False)), target():
-        source = tilelang.lower(inverse_latency.latency_kernel(64, 2, "blocked"), target=target(),
-                                enable_device_compile=True).kernel_source
+    source = jit_kernel(inverse_latency.latency_kernel, 64, 2, "blocked").get_kernel_source()
     assert source.count("clock64()") == 2
-
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("chunk, pair", [(64, 2), (64, 1), (32, 2), (16, 1)])
