@@ -6,7 +6,8 @@
 Compiles one configuration for sm_90a as the launchers do (kernels.hopper.launch.jit_kernel; kind kkt or gla, and
 its builder's static arguments as tilela.kernels.hopper lists them), or reads a saved source, and for every shared-
 memory access in it (scalar and vector loads and stores through a dynamic-shared buffer, ldmatrix) evaluates each
-lane's byte address over every warp and every value of the enclosing loops with constant bounds. A warp's request
+lane's byte address over every warp that runs it (a branch on the thread index runs its own) and every value of the
+enclosing loops with constant bounds. A warp's request
 splits into phases by its width (32 lanes of up to 4 bytes, 16 of 8, 8 of 16; ldmatrix four phases of 8 row
 addresses), and a phase takes as many wavefronts as the most distinct 4-byte words any one of the 32 banks holds;
 ideal is its distinct words over 32, rounded up (ncu's "L1 Wavefronts Shared" and "... Ideal"). Assumed: every lane
@@ -30,6 +31,8 @@ LOOP = re.compile(r"for \(int (\w+) = (-?\d+); \1 < (\S+?); \+\+\1\)")
 VECTOR = re.compile(r"\*\((\w+)\*\)\(\(\((\w+)\*\)(\w+)\) \+ ")
 SCALAR = re.compile(r"\(\((\w+)\*\)(\w+)\)\[")
 LDMATRIX = re.compile(r"tl::ptx_ldmatrix_x(\d)(_trans)?\(\(&\(\(\((\w+)\*\)(\w+)\)\[")
+THREAD_RANGE = re.compile(r"^\s*(\} else )?if \(\(\(int\)threadIdx\.x\) < (\d+)\) \{")
+ELSE = re.compile(r"^\s*\} else ")
 
 
 def closing(text: str, start: int, opening: str = "(", close: str = ")") -> int:
@@ -88,15 +91,31 @@ def phase_wavefronts(addresses: list, width: int) -> tuple:
 
 def count(source: str, threads: int):
     """One row a shared access: (line, kind, buffer, bytes, executions a thread, wavefronts and ideal a warp
-    instruction (means), unknown names), in source order."""
+    instruction (means), unknown names, warps that run it), in source order. A branch on the thread index
+    (`if (((int)threadIdx.x) < N)` and its `else`) runs only its own warps (a warp with any thread in range)."""
     buffers = {name: int(offset) for name, offset in BASE.findall(source)}
+    every = frozenset(range(threads // 32))
     rows, scopes, pending = [], [], None
+    warpsets, branch, pending_warps = [], {}, None  # warps of each open scope; a thread-range if's (outer, own)
     for number, line in enumerate(source.splitlines(), 1):
         loop = LOOP.search(line)
         if loop:
             bound = loop.group(3)
             pending = (loop.group(1), range(int(loop.group(2)), int(bound))) if bound.isdigit() else \
                 (loop.group(1), None)
+        depth = len(scopes) - (1 if line.lstrip().startswith("}") else 0)
+        outer = warpsets[depth - 1] if depth > 0 else every
+        ranged, other = THREAD_RANGE.search(line), ELSE.search(line)
+        if other and depth in branch:  # `} else {` / `} else if (...)`: the warps the if at this depth left
+            outer = branch[depth][0] - branch[depth][1]
+        if ranged:
+            own = frozenset(w for w in outer if 32 * w < int(ranged.group(2)))
+            branch[depth], pending_warps = (outer, own), own
+        elif other and depth in branch:
+            pending_warps = outer
+        elif "if (" in line:  # another condition at this depth: a later else is its own
+            branch.pop(depth, None)
+        active = warpsets[-1] if warpsets else every
         for kind, buf, elem, width, lanes, expr in accesses(line, buffers):
             known = {name: values for name, values in scopes if values is not None}
             code = python_expr(expr)
@@ -107,7 +126,7 @@ def count(source: str, threads: int):
             total = ideal = samples = 0
             for combo in combos[::step]:
                 env = dict(zip(sorted(names & set(known)), combo), **dict.fromkeys(unknown, 0))
-                for warp in range(threads // 32):
+                for warp in sorted(active):
                     byte = [buffers[buf] + eval(code, {}, dict(env, tx=32 * warp + lane)) * elem  # noqa: S307
                             for lane in range(32)]
                     for p in range(0, 32, lanes):
@@ -115,16 +134,22 @@ def count(source: str, threads: int):
                         total, ideal = total + w, ideal + i
                     samples += 1
             runs = math.prod(len(known[n]) for n in known)
-            rows.append((number, kind, buf, width, runs, total / samples, ideal / samples, unknown))
+            rows.append((number, kind, buf, width, runs, total / max(samples, 1), ideal / max(samples, 1), unknown,
+                         len(active)))
         opened, shut = line.count("{"), line.count("}")
         leading = shut if line.lstrip().startswith("}") else 0  # "} else {": the closing brace comes first
         del scopes[len(scopes) - min(leading, len(scopes)):]
-        if opened and pending is not None:
-            scopes.append(pending)
+        del warpsets[len(warpsets) - min(leading, len(warpsets)):]
+        inner = warpsets[-1] if warpsets else every
+        if opened and (pending is not None or pending_warps is not None):
+            scopes.append(pending or ("", None))
+            warpsets.append(pending_warps if pending_warps is not None else inner)
             opened -= 1
-            pending = None
+            pending = pending_warps = None
         scopes.extend([("", None)] * opened)
+        warpsets.extend([warpsets[-1] if warpsets else every] * opened)
         del scopes[len(scopes) - min(shut - leading, len(scopes)):]
+        del warpsets[len(warpsets) - min(shut - leading, len(warpsets)):]
     return rows
 
 
@@ -154,15 +179,15 @@ def main(argv=None) -> int:
     bounds = re.search(r"__launch_bounds__\((\d+)", source)
     threads = args.threads or (int(bounds.group(1)) if bounds else 128)
     rows = count(source, threads)
-    print("| line | access | buffer | bytes | runs | wavefronts a warp | ideal | excess a CTA pass | unknown (0) |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| line | access | buffer | bytes | runs | warps | wavefronts a warp | ideal | excess a CTA pass | unknown "
+          "(0) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     excess = wavefronts = 0
-    for number, kind, buf, width, runs, w, i, unknown in rows:
-        warps = threads // 32
+    for number, kind, buf, width, runs, w, i, unknown, warps in rows:
         excess += (w - i) * runs * warps
         wavefronts += w * runs * warps
-        print(f"| {number} | {kind} | {buf} | {width} | {runs} | {w:.2f} | {i:.2f} | {(w - i) * runs * warps:.0f} | "
-              f"{' '.join(unknown)} |")
+        print(f"| {number} | {kind} | {buf} | {width} | {runs} | {warps} | {w:.2f} | {i:.2f} | "
+              f"{(w - i) * runs * warps:.0f} | {' '.join(unknown)} |")
     print(f"\n{len(rows)} accesses; a pass of every statement once (loops with constant bounds unrolled, others once): "
           f"{wavefronts:.0f} wavefronts, {excess:.0f} over ideal ({excess / max(wavefronts, 1):.1%})")
     return 0

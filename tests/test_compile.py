@@ -77,7 +77,7 @@ def test_compiles_for_sm90a(compiled, case, smem_banks):
         # stores and ldmatrix, without bank conflicts
         blocks = [row for row in smem_banks.count(source, 128)
                   if row[2] in ("KKs", "Lo", "L1b", "M10", "X00", "X11") and row[3] >= 8]
-        assert blocks and all(wavefronts == ideal for *_, wavefronts, ideal, _ in blocks), blocks
+        assert blocks and all(wavefronts == ideal for *_, wavefronts, ideal, _, _ in blocks), blocks
         if case[1][0] == 64:  # level 2's buffers keep their allocation names, so the kernel cache's key (the source)
             # is the same in every process (a name bound by a loop target is deduplicated in no fixed order)
             assert "half_t*)X00)" in source and "half_t*)X11)" in source

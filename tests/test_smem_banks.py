@@ -42,7 +42,7 @@ def test_vector_store_and_ldmatrix_are_read_with_their_widths(smem_banks):
     body = ("  *(uint2*)(((half_t*)L1) + (((int)threadIdx.x) * 4)) = v;\n"
             "  tl::ptx_ldmatrix_x4((&(((half_t*)L1)[(((int)threadIdx.x) * 16)])), (&(A_local[0])));\n"
             "  x = ((float*)Lo)[((int)threadIdx.x)] + local[0];\n")
-    kinds = [(kind, buf, width, w) for _, kind, buf, width, _, w, _, _ in rows_of(smem_banks, body)]
+    kinds = [(kind, buf, width, w) for _, kind, buf, width, _, w, *_ in rows_of(smem_banks, body)]
     # uint2 at 8 bytes a lane: two phases of 16 lanes, one wavefront each; ldmatrix rows 32 bytes apart: 8 lanes
     # cover 256 bytes, two wavefronts a phase; the scalar load of consecutive floats: one
     assert kinds == [("st", "L1", 8, 2.0), ("ldmatrix", "L1", 16, 8.0), ("ld", "Lo", 4, 1.0)]
@@ -62,3 +62,13 @@ def test_loop_counters_are_scoped_by_braces(smem_banks):
     inside, after = rows_of(smem_banks, body)
     assert (inside[4], inside[7]) == (4, [])
     assert (after[4], after[7]) == (1, ["block_x", "i_1"])
+
+
+def test_a_branch_on_the_thread_index_runs_its_own_warps(smem_banks):
+    """An access under `if (threadIdx.x < N)` counts the warps in range, its `else` the others, nested branches the
+    intersection; a branch on anything else runs every warp of its scope."""
+    store = "    ((float*)Lo)[((int)threadIdx.x)] = 0.0f;\n"
+    body = (store + "  if (((int)threadIdx.x) < 32) {\n" + store + "  } else {\n"
+            "    if (((int)threadIdx.x) < 64) {\n" + store + "    } else {\n" + store + "    }\n  }\n"
+            "  if (r == 1) {\n" + store + "  } else {\n" + store + "  }\n")
+    assert [row[-1] for row in rows_of(smem_banks, body)] == [4, 1, 1, 2, 4, 4]
