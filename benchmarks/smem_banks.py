@@ -7,14 +7,14 @@ Compiles one configuration for sm_90a as the launchers do (kernels.hopper.launch
 its builder's static arguments as tilela.kernels.hopper lists them), or reads a saved source, and for every shared-
 memory access in it (scalar and vector loads and stores through a dynamic-shared buffer, ldmatrix) evaluates each
 lane's byte address over every warp that runs it (a branch on the thread index runs its own) and every value of the
-enclosing loops with constant bounds. A warp's request
-splits into phases by its width (32 lanes of up to 4 bytes, 16 of 8, 8 of 16; ldmatrix four phases of 8 row
-addresses), and a phase takes as many wavefronts as the most distinct 4-byte words any one of the 32 banks holds;
-ideal is its distinct words over 32, rounded up (ncu's "L1 Wavefronts Shared" and "... Ideal"). Assumed: every lane
-active (predicates are not evaluated), variables other than the thread index and constant-bound loop counters 0
-(uniform over the warp; offsets they add are taken as multiples of 128 bytes), loops with other bounds run once, and
-each access as the source writes it (ptxas may merge neighbouring scalar loads into one vector load, as it does with
-level 0's row reads in kkt_solve, which ncu then counts as that). TMA and wgmma operand traffic is not counted.
+enclosing loops with constant bounds. A warp's request splits into phases by its width (32 lanes of up to 4 bytes,
+16 of 8, 8 of 16; ldmatrix four phases of 8 row addresses), and a phase takes as many wavefronts as the most
+distinct 4-byte words any one of the 32 banks holds; ideal is its distinct words over 32, rounded up (ncu's "L1
+Wavefronts Shared" and "... Ideal"). Assumed: every lane active (predicates are not evaluated), variables other than
+the thread index and constant-bound loop counters 0 (uniform over the warp; offsets they add are taken as multiples
+of 128 bytes), loops with other bounds run once, and each access as the source writes it (ptxas may merge
+neighbouring scalar loads into one vector load, as it does with level 0's row reads in kkt_solve, which ncu then
+counts as that). TMA and wgmma operand traffic is not counted.
 """
 
 import argparse
@@ -95,8 +95,8 @@ def count(source: str, threads: int):
     (`if (((int)threadIdx.x) < N)` and its `else`) runs only its own warps (a warp with any thread in range)."""
     buffers = {name: int(offset) for name, offset in BASE.findall(source)}
     every = frozenset(range(threads // 32))
-    rows, scopes, pending = [], [], None
-    warpsets, branch, pending_warps = [], {}, None  # warps of each open scope; a thread-range if's (outer, own)
+    # each open brace's (loop counter, its values, the warps that run its body); a thread-range if's (outer, own)
+    rows, scopes, pending, branch, pending_warps = [], [], None, {}, None
     for number, line in enumerate(source.splitlines(), 1):
         loop = LOOP.search(line)
         if loop:
@@ -104,7 +104,7 @@ def count(source: str, threads: int):
             pending = (loop.group(1), range(int(loop.group(2)), int(bound))) if bound.isdigit() else \
                 (loop.group(1), None)
         depth = len(scopes) - (1 if line.lstrip().startswith("}") else 0)
-        outer = warpsets[depth - 1] if depth > 0 else every
+        outer = scopes[depth - 1][2] if depth > 0 else every
         ranged, other = THREAD_RANGE.search(line), ELSE.search(line)
         if other and depth in branch:  # `} else {` / `} else if (...)`: the warps the if at this depth left
             outer = branch[depth][0] - branch[depth][1]
@@ -115,9 +115,9 @@ def count(source: str, threads: int):
             pending_warps = outer
         elif "if (" in line:  # another condition at this depth: a later else is its own
             branch.pop(depth, None)
-        active = warpsets[-1] if warpsets else every
+        active = scopes[-1][2] if scopes else every
         for kind, buf, elem, width, lanes, expr in accesses(line, buffers):
-            known = {name: values for name, values in scopes if values is not None}
+            known = {name: values for name, values, _ in scopes if values is not None}
             code = python_expr(expr)
             names = set(re.findall(r"[A-Za-z_]\w*", code)) - {"tx"}
             unknown = sorted(names - set(known))
@@ -139,17 +139,13 @@ def count(source: str, threads: int):
         opened, shut = line.count("{"), line.count("}")
         leading = shut if line.lstrip().startswith("}") else 0  # "} else {": the closing brace comes first
         del scopes[len(scopes) - min(leading, len(scopes)):]
-        del warpsets[len(warpsets) - min(leading, len(warpsets)):]
-        inner = warpsets[-1] if warpsets else every
+        inner = scopes[-1][2] if scopes else every
         if opened and (pending is not None or pending_warps is not None):
-            scopes.append(pending or ("", None))
-            warpsets.append(pending_warps if pending_warps is not None else inner)
+            scopes.append((*(pending or ("", None)), inner if pending_warps is None else pending_warps))
             opened -= 1
             pending = pending_warps = None
-        scopes.extend([("", None)] * opened)
-        warpsets.extend([warpsets[-1] if warpsets else every] * opened)
+        scopes.extend([("", None, scopes[-1][2] if scopes else every)] * opened)
         del scopes[len(scopes) - min(shut - leading, len(scopes)):]
-        del warpsets[len(warpsets) - min(shut - leading, len(warpsets)):]
     return rows
 
 
