@@ -78,8 +78,11 @@ def test_compiles_for_sm90a(compiled, case, smem_banks):
         blocks = [row for row in smem_banks.count(source, 128)
                   if row[2] in ("KKs", "Lo", "L1b", "M10", "X00", "X11") and row[3] >= 8]
         assert blocks and all(wavefronts == ideal for *_, wavefronts, ideal, _, _ in blocks), blocks
-        if case[1][0] == 64:  # level 2's buffers keep their allocation names, so the kernel cache's key (the source)
-            # is the same in every process (a name bound by a loop target is deduplicated in no fixed order)
+        if case[1][:2] in ((32, "blocked"), (64, "blocked")):  # levels 1 and 2 on the fp16 tile, each warp's
+            # coupling on mma.sync; the tile keeps its allocation name, so the kernel cache's key (the source) is the
+            # same in every process (a name bound by a loop target is deduplicated in no fixed order)
+            assert "half_t*)Ts)" in source and "tl::mma_sync" in source
+        elif case[1][0] == 64:  # level 2's buffers keep their allocation names, as the tile does
             assert "half_t*)X00)" in source and "half_t*)X11)" in source
     if case[0] == "l2norm":  # 16-byte loads and stores of the rows
         assert "*(uint4*)(x + " in source and "*(uint4*)(y + " in source

@@ -33,10 +33,13 @@ def test_kernel_compiles_for_sm90a(inverse_latency):
 
     source = jit_kernel(inverse_latency.latency_kernel, 64, 2, "blocked").get_kernel_source()
     assert source.count("clock64()") == 2
+    tiled = jit_kernel(inverse_latency.latency_kernel, 64, 2, "blocked", True).get_kernel_source()
+    assert tiled.count("clock64()") == 2 and "tl::mma_sync" in tiled
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("chunk, pair", [(64, 2), (64, 1), (32, 2), (16, 1)])
-def test_timed_inverse_matches_float64(inverse_latency, chunk, pair):
-    record = inverse_latency.measure(chunk, pair, "blocked", ctas_per_sm=1, tiles_per_cta=2)
+@pytest.mark.parametrize("chunk, pair, fp16_tile", [(64, 2, False), (64, 1, False), (32, 2, False), (16, 1, False),
+                                                    (64, 2, True), (64, 1, True), (32, 2, True)])
+def test_timed_inverse_matches_float64(inverse_latency, chunk, pair, fp16_tile):
+    record = inverse_latency.measure(chunk, pair, "blocked", ctas_per_sm=1, tiles_per_cta=2, fp16_tile=fp16_tile)
     assert record["rel_l2"] < 1e-2
     assert record["cycles_median"] > 0

@@ -69,7 +69,7 @@ MIN_BLOCKS = 4  # caps registers at 128 per thread: four CTAs per SM (shared mem
 CHANNEL_MIN_BLOCKS = 2  # per-channel gate: its gc and score tiles leave room for two CTAs at most (bf16), so no cap
 
 
-def inverse_buffers(C: int, P: int, method: str) -> SimpleNamespace:
+def inverse_buffers(C: int, P: int, method: str, fp16_tile: bool = False) -> SimpleNamespace:
     """tile_inverse's buffers for P value heads at chunk C, allocated in the calling kernel's body under their names
     (as chunk_fwd_ws.allocate_shared does: unnamed, their generated names would vary between processes, and with
     them the kernel cache's keys): Xd (I + L_bb of the P * NB diagonal 16x16 blocks on entry, inverted in place), L1b
@@ -83,11 +83,20 @@ def inverse_buffers(C: int, P: int, method: str) -> SimpleNamespace:
         "Xd": (T.alloc_shared, (P * NB, BLOCK + 1, BLOCK), ACC),
         "col": (T.alloc_local, (COLS, BLOCK), ACC),  # a lane's columns of its diagonal block's inverse
     }
-    if C >= 32:  # level 1's product of a head's two 32 halves, 16x16 blocks side by side
+    tiled = fp16_tile and C >= 32
+    if tiled:  # the levels' working set: one fp16 tile a head, and each warp's fragments (tile_inverse)
+        shapes["Ts"] = (T.alloc_shared, (P, TILE, TILE), "float16")
+        for w in range(2 * P):
+            shapes.update({f"F1_{w}": (T.alloc_fragment, (BLOCK, BLOCK), ACC),
+                           f"H1_{w}": (T.alloc_fragment, (BLOCK, BLOCK), "float16")})
+        if C == 64:
+            shapes["F32"] = (T.alloc_fragment, (32, 32), ACC)
+        shapes["bq"] = (T.alloc_local, (TILE // C, 4), ACC)  # a thread's four column factors of each chunk
+    if C >= 32 and not tiled:  # level 1's product of a head's two 32 halves, 16x16 blocks side by side
         shapes.update(F1=(T.alloc_fragment, (32, 32), ACC),
                       Lo=(T.alloc_shared, (P * NB // 2, BLOCK + 1, BLOCK), ACC),
                       L1b=(T.alloc_shared, (P, BLOCK, 2 * BLOCK), "float16"))  # its right operands, as read
-    if C == 64:  # 32x32 operands of level 2 in fp16 (the 11-bit mantissa of tf32)
+    if C == 64 and not tiled:  # 32x32 operands of level 2 in fp16 (the 11-bit mantissa of tf32)
         shapes.update(M10=(T.alloc_shared, (P, 32, 32), "float16"),  # -M_10, then -X_11 M_10
                       X00=(T.alloc_shared, (P, 32, 32), "float16"),
                       X11=(T.alloc_shared, (P, 32, 32), "float16"),
@@ -97,9 +106,12 @@ def inverse_buffers(C: int, P: int, method: str) -> SimpleNamespace:
                       Q_b=(T.alloc_shared, (P, BLOCK, TILE), "float16"),
                       X_a=(T.alloc_shared, (P, TILE, BLOCK), "float16"),
                       F=(T.alloc_fragment, (TILE, TILE), ACC))
-    inv = SimpleNamespace(**dict.fromkeys(("F1", "Lo", "L1b", "M10", "X00", "X11", "F32", "Q_a", "Q_b", "X_a", "F")))
+    inv = SimpleNamespace(**dict.fromkeys(("F1", "Lo", "L1b", "M10", "X00", "X11", "F32", "Q_a", "Q_b", "X_a", "F",
+                                           "Ts", "bq")))
     for name, (alloc, shape, dtype) in shapes.items():
         setattr(inv, name, IRBuilder.name(name, alloc(shape, dtype)))
+    inv.warps = SimpleNamespace(**{kind: [getattr(inv, f"{kind}_{w}", None) for w in range(2 * P)]
+                                   for kind in ("F1", "H1")})
     layouts = ((inv.Xd, tilelang.layout.make_linear_layout), (inv.Lo, block_layout), (inv.L1b, operand_layout),
                (inv.M10, operand_layout), (inv.X00, operand_layout), (inv.X11, operand_layout))
     inv.layouts = {buf: layout(buf) for buf, layout in layouts if buf is not None}
@@ -133,15 +145,27 @@ def level1_view(buffer):
     return T.view(buffer, (halves // (TILE * BLOCK), TILE, BLOCK), "float16")
 
 
-def tile_inverse(C: int, P: int, method: str, scaled: bool = False):
+def tile_inverse(C: int, P: int, method: str, scaled: bool = False, fp16_tile: bool = False):
     """The macro invert(Xd, Lo, M10, X00, X11, F32, F1, L1b, col, Q_a, Q_b, X_a, F, L1, out_s, beta_s, tx)
     (inverse_buffers' buffers, L1 level1_view's, out_s a (TILE, >= P, C) shared staging, beta_s (P, TILE) fp32, tx
     the thread): the block-diagonal inverse of P value heads' tiles into out_s[i, p, :] (row i keeps the C columns of
     its own chunk), by levels 0-2 of the module docstring. scaled: Ab = A diag(beta) instead, column j of head p times
     beta_s[p, j] (j the tile row of the column's token) as the fp32 blocks are assembled, so out_s holds Ab rounded
-    once and leaves as it is staged; beta_s is not read otherwise."""
+    once and leaves as it is staged; beta_s is not read otherwise.
+
+    fp16_tile (C >= 32, blocked): levels 1 and 2 on one fp16 64x64 tile a head (Ts, inverse_buffers'), their
+    operands read where they lie: the extraction leaves -L_10 and -M_10 in their blocks of Ts, level 0 its diagonal
+    blocks X_b (rounded to fp16). Level 1: warp w = 2 p + x forms X_10 = (X_11 (-L_10)) X_00 of head p's 32 half x
+    as two chained mma.sync products, the first result kept in registers as the second's left operand (fp16
+    operands, fp32 accumulation), and writes it into Ts in place of -L_10. Level 2 (C == 64): the whole CTA forms
+    each head's (X_11 (-M_10)) X_00 over Ts's 32x32 blocks, the first product's result in place of -M_10, the
+    second's straight to out_s. The macro then takes (Xd, col, Ts, W, F32, bq, out_s, beta_s, tx), W
+    inverse_buffers' `warps`."""
     NB = TILE // BLOCK
     Q = P * NB // 2  # 32 halves of the P heads' tiles
+    tiled = fp16_tile and C >= 32
+    if tiled and method != "blocked":
+        raise ValueError(f"fp16_tile: the tile levels follow the blocked level 0, got method {method!r}")
 
     def column(value, beta_s, p, j):
         """An fp32 entry of column j (a tile row) of head p as staged: times beta_s[p, j] where scaled."""
@@ -199,29 +223,94 @@ def tile_inverse(C: int, P: int, method: str, scaled: bool = False):
             Xh[p, BLOCK + r, BLOCK + c] = Xd[p * NB + 2 * h + 1, r, c]
 
     @T.macro
+    def forward_substitution(Xd, col, Ts, tx):
+        """Level 0, blocked: the P * NB diagonal 16x16 blocks of Xd inverted, in place (fp32), or into their blocks
+        of Ts (fp16) where Ts is given. Lane (b, u) owns columns t = COLS u + j, j < COLS, of block b (BLOCK / COLS
+        lanes a block) and forms them down the rows in registers, X_rt = delta_rt - sum_m<r L_rm X_mt: an entry of
+        L a lane reads serves its COLS columns, so a warp's 16-byte read of L (a wavefront a quarter warp, whose
+        lanes share one block) serves 32 COLS / BLOCK blocks. L is read only, and no lane writes before all have
+        read it: one barrier, not one a row."""
+        lanes = BLOCK // COLS * P * NB
+        b = tx // (BLOCK // COLS) % (P * NB)
+        t = tx % (BLOCK // COLS) * COLS
+        lane = tx < (lanes + 31) // 32 * 32  # whole warps (the rest of the last repeats its blocks)
+        if lane:
+            for r in T.unroll(BLOCK):
+                for j in T.unroll(COLS):
+                    col[j, r] = T.if_then_else(r == t + j, 1.0, 0.0)
+                for m in T.unroll(r):
+                    for j in T.unroll(COLS):
+                        col[j, r] -= Xd[b, r, m] * col[j, m]
+        if lane:
+            for r in T.unroll(BLOCK):
+                for j in T.unroll(COLS):
+                    if tiled:
+                        Ts[b // NB, b % NB * BLOCK + r, b % NB * BLOCK + t + j] = T.cast(col[j, r], "float16")
+                    else:
+                        Xd[b, r, t + j] = col[j, r]
+
+    @T.macro
+    def level1_warp(w, Ts, W):
+        """Warp w's level-1 coupling (head w // 2, 32 half w % 2): X_10 = (X_11 (-L_10)) X_00 over Ts's 16x16
+        blocks, into Ts in place of -L_10."""
+        p, h = w // 2, w % 2 * 32
+        T.gemm(Ts[p, h + BLOCK : h + 32, h + BLOCK : h + 32], Ts[p, h + BLOCK : h + 32, h : h + BLOCK], W.F1[w],
+               clear_accum=True)
+        T.copy(W.F1[w], W.H1[w])
+        T.gemm(W.H1[w], Ts[p, h : h + BLOCK, h : h + BLOCK], W.F1[w], clear_accum=True)
+        T.copy(W.F1[w], Ts[p, h + BLOCK : h + 32, h : h + BLOCK])
+
+    @T.macro
+    def level1(Ts, W, tx):
+        """Level 1 of warps 0 to 2 P - 1 (warp w = 2 p + x), each in a branch of its own thread range."""
+        if tx < 32:
+            level1_warp(0, Ts, W)
+        elif tx < 64:
+            level1_warp(1, Ts, W)
+        elif tx < 96:
+            if P == 2:
+                level1_warp(2, Ts, W)
+        else:
+            if P == 2:
+                level1_warp(3, Ts, W)
+
+    @T.macro
+    def invert_tile(Xd, col, Ts, W, F32, bq, out_s, beta_s, tx):
+        forward_substitution(Xd, col, Ts, tx)
+        level1(Ts, W, tx)
+        # the block-diagonal inverse from Ts, row i keeping the C columns of its own chunk: zeros in the blocks
+        # above the diagonal, Ts's entries in the others; level 2's block (rows 32 on, columns below 32 at C == 64)
+        # from the products below. Thread tx keeps four neighbouring columns j0 to j0 + 3 of head p, their column
+        # factors (scaled) read once, and takes them down `rows`-row steps of the tile
+        quads = P * C // 4
+        rows = THREADS // quads
+        p = tx % quads // (C // 4)
+        j0 = tx % (C // 4) * 4
+        if scaled:
+            for h in T.unroll(TILE // C):
+                for c in T.vectorized(4):
+                    bq[h, c] = beta_s[p, h * C + j0 + c]
+        for step in T.unroll(TILE // rows):
+            i = step * rows + tx // quads
+            h = step * rows // C  # the chunk of the step's rows
+            if C == 32 or step * rows < 32 or j0 >= 32:
+                for c in T.vectorized(4):
+                    out_s[i, p, j0 + c] = T.if_then_else(
+                        i % C // BLOCK < j0 // BLOCK, T.cast(0, out_s.dtype),
+                        T.cast(T.cast(Ts[p, i, h * C + j0 + c], ACC) * (bq[h, c] if scaled else 1.0), out_s.dtype))
+        if C == 64:
+            for p in T.unroll(P):
+                T.gemm(Ts[p, 32:TILE, 32:TILE], Ts[p, 32:TILE, 0:32], F32, clear_accum=True)
+                T.copy(F32, Ts[p, 32:TILE, 0:32])
+                T.gemm(Ts[p, 32:TILE, 0:32], Ts[p, 0:32, 0:32], F32, clear_accum=True)
+                for r, c in T.Parallel(32, 32):
+                    out_s[32 + r, p, c] = column(F32[r, c], beta_s, p, c)
+
+    @T.macro
     def invert(Xd, Lo, M10, X00, X11, F32, F1, L1b, col, Q_a, Q_b, X_a, F, L1, out_s, beta_s, tx):
         # level 0: the P * NB diagonal 16x16 blocks
         if method == "blocked":
-            # lane (b, u) owns columns t = COLS u + j, j < COLS, of block b (BLOCK / COLS lanes a block) and forms
-            # them down the rows in registers, X_rt = delta_rt - sum_m<r L_rm X_mt: an entry of L a lane reads serves
-            # its COLS columns, so a warp's 16-byte read of L (a wavefront a quarter warp, whose lanes share one
-            # block) serves 32 COLS / BLOCK blocks. L is read only, and no lane writes before all have read it: one
-            # barrier, not one a row
-            lanes = BLOCK // COLS * P * NB
-            b = tx // (BLOCK // COLS) % (P * NB)
-            t = tx % (BLOCK // COLS) * COLS
-            lane = tx < (lanes + 31) // 32 * 32  # whole warps (the rest of the last repeats its blocks)
-            if lane:
-                for r in T.unroll(BLOCK):
-                    for j in T.unroll(COLS):
-                        col[j, r] = T.if_then_else(r == t + j, 1.0, 0.0)
-                    for m in T.unroll(r):
-                        for j in T.unroll(COLS):
-                            col[j, r] -= Xd[b, r, m] * col[j, m]
-            if lane:
-                for r in T.unroll(BLOCK):
-                    for j in T.unroll(COLS):
-                        Xd[b, r, t + j] = col[j, r]
+            forward_substitution(Xd, col, None, tx)
         else:
             for p in T.unroll(P):
                 neumann_blocks(p, Xd, Q_a, Q_b, X_a, F)
@@ -259,7 +348,7 @@ def tile_inverse(C: int, P: int, method: str, scaled: bool = False):
                 for r, c in T.Parallel(32, 32):
                     out_s[32 + r, p, c] = column(F32[r, c], beta_s, p, c)
 
-    return invert
+    return invert_tile if tiled else invert
 
 
 def kkt_solve_kernel(chunk: int, method: str, dtype: str, gate: str, pair: int, gate_in: tuple | None = None,
@@ -294,7 +383,8 @@ def kkt_solve_kernel(chunk: int, method: str, dtype: str, gate: str, pair: int, 
     num_bounds = T.dynamic("num_bounds")  # N + 1
     g_tokens, g_heads = T.dynamic("g_tokens"), T.dynamic("g_heads")  # (1, 1) dummy when ungated
     num_a, num_b, gc_tokens = T.dynamic("num_a, num_b, gc_tokens")  # placeholders unless gate_in
-    invert = tile_inverse(C, P, method, scaled)
+    tiled = method == "blocked" and C >= 32  # levels 1 and 2 on the fp16 tile (tile_inverse)
+    invert = tile_inverse(C, P, method, scaled, tiled)
 
     @T.macro
     def chunk_cumsum(g_s, gc, start, rows, hv0, heads, gate_scale, tx):
@@ -364,9 +454,10 @@ def kkt_solve_kernel(chunk: int, method: str, dtype: str, gate: str, pair: int, 
             raw[3] = dt_bias[T.min(hv, num_b - 1)]
 
     @T.macro
-    def extract_block(KKs, beta_s, g_s, rows, Xd, L1b, M10, kk, tx, bi, bj, dest, a):
+    def extract_block(KKs, beta_s, g_s, rows, Xd, L1b, M10, Ts, kk, tx, bi, bj, dest, a):
         """Thread tx's four entries of L (extract) in block (bi, bj) of each head into dest: "Xd" its diagonal block
-        bi (I + L), "L1b" that of 32 half a (-L, level 1's right operand in fp16), "M10" its row block a (-L)."""
+        bi (I + L), "L1b" that of 32 half a (-L, level 1's right operand in fp16), "M10" its row block a (-L), "Ts"
+        block (bi, bj) of the head's fp16 tile (-L)."""
         r = tx % (THREADS // 2) // (BLOCK // 4)
         c0 = tx % (BLOCK // 4) * 4
         for c in T.vectorized(4):
@@ -387,26 +478,34 @@ def kkt_solve_kernel(chunk: int, method: str, dtype: str, gate: str, pair: int, 
                     Xd[p * NB + bi, r, c0 + c] = L * below + T.cast(r == c0 + c, ACC)
                 elif dest == "L1b":
                     L1b[p, r, a * BLOCK + c0 + c] = T.cast(-L, L1b.dtype)
+                elif dest == "Ts":
+                    Ts[p, i, bj * BLOCK + c0 + c] = T.cast(-L, Ts.dtype)
                 else:
                     M10[p, a * BLOCK + r, bj * BLOCK + c0 + c] = -L
 
     @T.macro
-    def extract(KKs, beta_s, g_s, rows, Xd, L1b, M10, kk, tx):
+    def extract(KKs, beta_s, g_s, rows, Xd, L1b, M10, Ts, kk, tx):
         """From K K^T's lower blocks, each head p's L_ij = beta_i (K K^T)_ij exp(g_i - g_j) (i = 16 bi + r > j =
         16 bj + c in one chunk; a per-channel gate is in KKs already) into the inverse's inputs: I + L on the
         diagonal blocks (Xd), -L_10 of each 32 half (L1b, C >= 32), -M_10 (M10, C == 64). Rows past the sequence
         end are 0 (selected, not multiplied: their exponent is unbounded). Thread tx forms four neighbouring
         entries of a row, r = (tx % 64) / 4, c = 4 (tx % 4) + 0..3, of the block its half of the CTA (h = tx / 64)
         takes in each step, two blocks a step: one 16-byte read of KKs (into kk) serves the P heads, one 16-byte
-        store a head."""
+        store a head. With the fp16 tile (Ts given) -L_10 and -M_10 go to their blocks of Ts, and at C == 64 the
+        blocks above the diagonal that level 2's operands X_00 and X_11 span, (0, 1) and (2, 3), are zeroed."""
         h = tx // (THREADS // 2)
+        off = "L1b" if Ts is None else "Ts"
         for step in T.unroll(NB // 2):  # the diagonal blocks 2 step + h
-            extract_block(KKs, beta_s, g_s, rows, Xd, L1b, M10, kk, tx, 2 * step + h, 2 * step + h, "Xd", 0)
+            extract_block(KKs, beta_s, g_s, rows, Xd, L1b, M10, Ts, kk, tx, 2 * step + h, 2 * step + h, "Xd", 0)
         if C >= 32:  # L_10 of 32 half h
-            extract_block(KKs, beta_s, g_s, rows, Xd, L1b, M10, kk, tx, 2 * h + 1, 2 * h, "L1b", h)
+            extract_block(KKs, beta_s, g_s, rows, Xd, L1b, M10, Ts, kk, tx, 2 * h + 1, 2 * h, off, h)
         if C == 64:  # M_10's blocks (2 + a, h)
             for a in T.unroll(2):
-                extract_block(KKs, beta_s, g_s, rows, Xd, L1b, M10, kk, tx, 2 + a, h, "M10", a)
+                extract_block(KKs, beta_s, g_s, rows, Xd, L1b, M10, Ts, kk, tx, 2 + a, h, off if Ts is not None
+                              else "M10", a)
+        if C == 64 and Ts is not None:
+            for p, a, r, c in T.Parallel(P, 2, BLOCK, BLOCK):
+                Ts[p, 32 * a + r, 32 * a + BLOCK + c] = T.cast(0, Ts.dtype)
 
     @T.macro
     def gated_kkt(k_s, g_s, Qr, Kr, KK, KKs):
@@ -460,12 +559,12 @@ def kkt_solve_kernel(chunk: int, method: str, dtype: str, gate: str, pair: int, 
                 rows = T.min(end - start, TILE)
                 k_s = T.alloc_shared((TILE, KSTEP), dtype)  # K slice; later the output staging (same bytes)
                 out_s = T.view(k_s, (TILE, KSTEP // C, C), dtype)
-                L1 = level1_view(k_s)
+                L1 = None if tiled else level1_view(k_s)
                 KK = T.alloc_fragment((TILE, TILE), ACC)
                 KKs = T.alloc_shared((NB * (NB + 1) // 2, BLOCK + 1, BLOCK), ACC)  # lower 16x16 blocks of K K^T
                 beta_s = T.alloc_shared((P, TILE), ACC)
                 g_s = T.alloc_shared((P, TILE), ACC)
-                inv = inverse_buffers(C, P, method)
+                inv = inverse_buffers(C, P, method, tiled)
                 T.annotate_layout({KKs: block_layout(KKs), **inv.layouts})
                 if channel:  # row block a's scores against the reference R_a = g at its first row
                     gc_s = T.alloc_shared((TILE, KSTEP), ACC)  # log2(e) gc of the value head
@@ -508,10 +607,13 @@ def kkt_solve_kernel(chunk: int, method: str, dtype: str, gate: str, pair: int, 
                             gated_kkt(k_s, gc_s, Qr, Kr, KK, KKs)
 
                         # extraction: I + L on the diagonal blocks, -L_10 and -M_10 off them (L_ij, i > j, same chunk)
-                        extract(KKs, beta_s, g_s, rows, inv.Xd, inv.L1b, inv.M10, kk, tx)
+                        extract(KKs, beta_s, g_s, rows, inv.Xd, inv.L1b, inv.M10, inv.Ts, kk, tx)
 
-                        invert(inv.Xd, inv.Lo, inv.M10, inv.X00, inv.X11, inv.F32, inv.F1, inv.L1b, inv.col,
-                               inv.Q_a, inv.Q_b, inv.X_a, inv.F, L1, out_s, beta_s, tx)
+                        if tiled:
+                            invert(inv.Xd, inv.col, inv.Ts, inv.warps, inv.F32, inv.bq, out_s, beta_s, tx)
+                        else:
+                            invert(inv.Xd, inv.Lo, inv.M10, inv.X00, inv.X11, inv.F32, inv.F1, inv.L1b, inv.col,
+                                   inv.Q_a, inv.Q_b, inv.X_a, inv.F, L1, out_s, beta_s, tx)
 
                         # write back the rows of this sequence, for the live value heads, as staged
                         for i, p, j in T.Parallel(TILE, P, C):
