@@ -1,12 +1,12 @@
 """Cycles one CTA spends in kkt_solve's tile inverse (kkt_solve.tile_inverse) per 64-token tile, read from clock64
 stamps around it on the device, and the inverse checked against float64.
 
-    python benchmarks/inverse_latency.py [--chunk 64] [--pair 2] [--ctas-per-sm 1 4] [--tiles-per-cta 64] [--fp16-tile]
+    python benchmarks/inverse_latency.py [--chunk 64] [--pair 2] [--method blocked] [--ctas-per-sm 1 4] [--tiles-per-cta 64]
     python benchmarks/inverse_latency.py --compile-only     # lower and compile for sm_90a, no device
 
 A pass that forms A itself runs the inverse in one warp group beside the state chain, so what decides is that group's
 latency per chunk, not kkt_solve's throughput. Each CTA (128 threads, P value heads a pass) walks its tiles in turn:
-it fills the inverse's inputs (Xd, and L1b and M10 or with --fp16-tile the tile Ts) from a tile's
+it fills the inverse's inputs (Xd, and at chunk 32 and 64 the fp16 tile Ts) from a tile's
 L = strictLower(diag(beta) (Gamma ⊙ K K^T)) as kkt_solve's extraction leaves them, stamps clock64 after a barrier,
 runs the inverse into the output staging, stamps after a barrier, and stores the staging to A. The grid is the SM
 count times --ctas-per-sm (1: the inverse alone on an SM; 4: kkt_solve's occupancy), so the stamps give one warp
@@ -22,19 +22,17 @@ import tilelang.language as T
 import torch
 
 from tilela.kernels.hopper.common import TILE
-from tilela.kernels.hopper.kkt_solve import BLOCK, KSTEP, THREADS, inverse_buffers, level1_view, tile_inverse
+from tilela.kernels.hopper.kkt_solve import BLOCK, KSTEP, THREADS, inverse_buffers, tile_inverse
 from tilela.kernels.hopper.launch import compiled, jit_kernel
 
 
-def latency_kernel(chunk: int, pair: int, method: str, fp16_tile: bool = False) -> T.PrimFunc:
+def latency_kernel(chunk: int, pair: int, method: str) -> T.PrimFunc:
     """CTA b inverts tiles b, b + grid, ... of L [tiles, P, 64, 64] (float32, block diagonal with C x C blocks) into
-    A [tiles, 64, P, C] (bf16, row i the C columns of its chunk) and writes each inverse's cycles to cycles[tile].
-    fp16_tile: the inverse's levels 1 and 2 on kkt_solve's fp16 tile (tile_inverse), as kkt_solve runs them."""
+    A [tiles, 64, P, C] (bf16, row i the C columns of its chunk) and writes each inverse's cycles to cycles[tile]."""
     C, P = chunk, pair
     NB = TILE // BLOCK
     tiles = T.dynamic("tiles")
-    tiled = fp16_tile and C >= 32
-    invert = tile_inverse(C, P, method, fp16_tile=tiled)
+    invert = tile_inverse(C, P, method)
 
     @T.prim_func
     def inverse_latency(
@@ -45,37 +43,25 @@ def latency_kernel(chunk: int, pair: int, method: str, fp16_tile: bool = False) 
     ):
         with T.Kernel(grid, threads=THREADS) as cta:
             tx = T.get_thread_binding()
-            k_s = T.alloc_shared((TILE, KSTEP), "bfloat16")  # the output staging and level 1's left operands
+            k_s = T.alloc_shared((TILE, KSTEP), "bfloat16")  # the output staging
             out_s = T.view(k_s, (TILE, KSTEP // C, C), "bfloat16")
-            L1 = None if tiled else level1_view(k_s)
             beta_s = T.alloc_shared((P, TILE), "float32")  # not read: the inverse is unscaled
-            inv = inverse_buffers(C, P, method, tiled)
+            inv = inverse_buffers(C, P, method)
             T.annotate_layout(inv.layouts)
             start = T.alloc_var("int64")
             for step in T.serial(T.ceildiv(tiles - cta, grid)):
                 t = cta + step * grid
-                # the extraction's results: I + L on the diagonal blocks, -L_10 of each 32 half, -M_10
+                # the extraction's results: I + L on the diagonal blocks, the rest of -L in the tile
                 for p, b, r, c in T.Parallel(P, NB, BLOCK, BLOCK):
                     Xd_rc = T.if_then_else(c < r, L[t, p, b * BLOCK + r, b * BLOCK + c], 0.0)
                     inv.Xd[p * NB + b, r, c] = Xd_rc + T.if_then_else(r == c, 1.0, 0.0)
-                if tiled:  # the tile's -L below its diagonal 16x16 blocks, 0 above them
+                if C >= 32:  # the tile's -L below its diagonal 16x16 blocks, 0 above them
                     for p, r, c in T.Parallel(P, TILE, TILE):
                         inv.Ts[p, r, c] = T.cast(T.if_then_else(r // BLOCK > c // BLOCK, -L[t, p, r, c], 0.0),
                                                  "float16")
-                if C >= 32 and not tiled:
-                    for p, r, c in T.Parallel(P, BLOCK, 2 * BLOCK):
-                        half = c // BLOCK * 32
-                        inv.L1b[p, r, c] = T.cast(-L[t, p, half + BLOCK + r, half + c % BLOCK], "float16")
-                if C == 64 and not tiled:
-                    for p, r, c in T.Parallel(P, 32, 32):
-                        inv.M10[p, r, c] = T.cast(-L[t, p, 32 + r, c], "float16")
                 T.sync_threads()
                 start = T.call_extern("int64", "clock64")
-                if tiled:
-                    invert(inv.Xd, inv.col, inv.Ts, inv.warps, inv.F32, inv.bq, out_s, beta_s, tx)
-                else:
-                    invert(inv.Xd, inv.Lo, inv.M10, inv.X00, inv.X11, inv.F32, inv.F1, inv.L1b, inv.col, inv.Q_a,
-                           inv.Q_b, inv.X_a, inv.F, L1, out_s, beta_s, tx)
+                invert(inv, out_s, beta_s, tx)
                 T.sync_threads()
                 if tx == 0:
                     cycles[t] = T.call_extern("int64", "clock64") - start
@@ -118,11 +104,10 @@ def reference(L: torch.Tensor, chunk: int) -> torch.Tensor:
     return X[:, :, rows[:, None], cols].permute(0, 2, 1, 3)
 
 
-def measure(chunk: int, pair: int, method: str, ctas_per_sm: int, tiles_per_cta: int,
-            fp16_tile: bool = False) -> dict:
+def measure(chunk: int, pair: int, method: str, ctas_per_sm: int, tiles_per_cta: int) -> dict:
     """One run on the current device: the median (and 10th / 90th percentile) cycles of an inverse over a grid of
     SMs x ctas_per_sm CTAs walking tiles_per_cta tiles each, and the staged A's relative L2 error against float64."""
-    kernel = compiled(latency_kernel, chunk, pair, method, fp16_tile)  # once a process, whatever the occupancy
+    kernel = compiled(latency_kernel, chunk, pair, method)  # once a process, whatever the occupancy
     grid = torch.cuda.get_device_properties(0).multi_processor_count * ctas_per_sm
     tiles = grid * tiles_per_cta
     L = inputs(tiles, chunk, pair, "cuda")
@@ -133,7 +118,7 @@ def measure(chunk: int, pair: int, method: str, ctas_per_sm: int, tiles_per_cta:
     torch.cuda.synchronize()
     exact = reference(L, chunk)
     values = sorted(cycles.cpu().tolist())
-    return {"chunk": chunk, "pair": pair, "method": method, "fp16_tile": fp16_tile, "ctas_per_sm": ctas_per_sm,
+    return {"chunk": chunk, "pair": pair, "method": method, "ctas_per_sm": ctas_per_sm,
             "tiles": tiles,
             "cycles_median": statistics.median(values), "cycles_p10": values[len(values) // 10],
             "cycles_p90": values[len(values) * 9 // 10],
@@ -147,15 +132,14 @@ def main() -> None:
     parser.add_argument("--method", default="blocked", choices=("blocked", "neumann"))
     parser.add_argument("--ctas-per-sm", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--tiles-per-cta", type=int, default=64)
-    parser.add_argument("--fp16-tile", action="store_true", help="levels 1 and 2 on the fp16 tile (kkt_solve's)")
     parser.add_argument("--compile-only", action="store_true")
     args = parser.parse_args()
     if args.compile_only:
-        jit_kernel(latency_kernel, args.chunk, args.pair, args.method, args.fp16_tile)
-        print(f"compiled: chunk {args.chunk}, pair {args.pair}, {args.method}, fp16 tile {args.fp16_tile}")
+        jit_kernel(latency_kernel, args.chunk, args.pair, args.method)
+        print(f"compiled: chunk {args.chunk}, pair {args.pair}, {args.method}")
         return
     for per_sm in args.ctas_per_sm:
-        print(json.dumps(measure(args.chunk, args.pair, args.method, per_sm, args.tiles_per_cta, args.fp16_tile)))
+        print(json.dumps(measure(args.chunk, args.pair, args.method, per_sm, args.tiles_per_cta)))
 
 
 if __name__ == "__main__":

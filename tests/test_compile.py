@@ -72,18 +72,14 @@ def test_compiles_for_sm90a(compiled, case, smem_banks):
         assert ("tl::tma_load(k_desc" in source) == (gate != "channel")
         # A and Ab (scaled: beta folded into the inverse's fp32 assembly) leave as staged, in 16-byte row stores
         assert "*(uint4*)(A + " in source
-        # the 16x16 blocks of K K^T and of level 1's result (kkt_solve.block_layout) take the wgmma accumulators'
-        # 8-byte row pieces and give 16-byte row reads, the levels' fp16 operands (operand_layout) their 8-byte row
-        # stores and ldmatrix, without bank conflicts
-        blocks = [row for row in smem_banks.count(source, 128)
-                  if row[2] in ("KKs", "Lo", "L1b", "M10", "X00", "X11") and row[3] >= 8]
+        # the 16x16 blocks of K K^T (kkt_solve.block_layout) take the wgmma accumulator's 8-byte row pieces and
+        # give 16-byte row reads without bank conflicts
+        blocks = [row for row in smem_banks.count(source, 128) if row[2] == "KKs" and row[3] >= 8]
         assert blocks and all(wavefronts == ideal for *_, wavefronts, ideal, _, _ in blocks), blocks
-        if case[1][:2] in ((32, "blocked"), (64, "blocked")):  # levels 1 and 2 on the fp16 tile, each warp's
-            # coupling on mma.sync; the tile keeps its allocation name, so the kernel cache's key (the source) is the
-            # same in every process (a name bound by a loop target is deduplicated in no fixed order)
+        if case[1][0] >= 32:  # levels 1 and 2 on the fp16 tile, each warp's coupling on mma.sync; the tile keeps
+            # its allocation name, so the kernel cache's key (the source) is the same in every process (a name bound
+            # by a loop target is deduplicated in no fixed order)
             assert "half_t*)Ts)" in source and "tl::mma_sync" in source
-        elif case[1][0] == 64:  # level 2's buffers keep their allocation names, as the tile does
-            assert "half_t*)X00)" in source and "half_t*)X11)" in source
     if case[0] == "l2norm":  # 16-byte loads and stores of the rows
         assert "*(uint4*)(x + " in source and "*(uint4*)(y + " in source
     if case[0] == "seq_combine":
@@ -94,8 +90,8 @@ def test_compiles_for_sm90a(compiled, case, smem_banks):
             assert "cp_async" in source
     if case[0] == "gla_factors":
         _, dtype, _, delta = case[1]
-        if delta:  # the inverse's level-2 buffers under their allocation names (as kkt_solve's)
-            assert "half_t*)X00)" in source and "half_t*)X11)" in source
+        if delta:  # the inverse's fp16 tile under its allocation name, level 1 on mma.sync (as kkt_solve's)
+            assert "half_t*)Ts)" in source and "tl::mma_sync" in source
         if dtype == "float16":  # the sub-chunk score operands in fp32 (tf32 MMAs), as kkt_solve's
             assert "mma_sync<tl::DataType::kTensorFloat32" in source
         else:

@@ -49,7 +49,7 @@ inverse (tile_inverse, blocked, one value head).
 import tilelang.language as T
 
 from .common import LOG2E, TILE, channel_score_dtype, gate_column, locate_tile
-from .kkt_solve import BLOCK, inverse_buffers, level1_view, tile_inverse
+from .kkt_solve import BLOCK, inverse_buffers, tile_inverse
 from .plan import FACTORS_PER_SM
 
 THREADS = 128
@@ -84,18 +84,16 @@ def gla_factors_kernel(K: int, dtype: str, gate_in: tuple | None, delta: bool = 
     min_blocks = FACTORS_PER_SM[dtype]
 
     @T.macro
-    def unit_lower_rows(KK, rows, beta_s, Xd, L1b, M10):
-        """I + L, L_ij = beta_i (Gamma ⊙ K K^T)_ij for i > j (KK: the key rows' scores), into the inverse's buffers
-        (kkt_solve.inverse_buffers): the diagonal 16x16 blocks (Xd), -L_10 of each 32 half (L1b, fp16, the halves side
-        by side), -M_10 (M10); rows past the sequence end hold 0."""
+    def unit_lower_rows(KK, rows, beta_s, Xd, Ts):
+        """I + L, L_ij = beta_i (Gamma ⊙ K K^T)_ij for i > j (KK: the key rows' scores), into the inverse's inputs
+        (kkt_solve.tile_inverse): the diagonal 16x16 blocks (Xd), -L_10 of each 32 half and -M_10 in their blocks
+        of the fp16 tile Ts, and zeros in its blocks (0, 1) and (2, 3); rows past the sequence end hold 0."""
         for i, j in T.Parallel(C, C):
             L = T.if_then_else(i < rows and j < i, beta_s[0, i] * KK[i, j], 0.0)
             if i // BLOCK == j // BLOCK:
                 Xd[i // BLOCK, i % BLOCK, j % BLOCK] = T.if_then_else(i == j, 1.0, L)
-            elif i // BLOCK % 2 == 1 and j // BLOCK == i // BLOCK - 1:
-                L1b[0, i % BLOCK, i // (2 * BLOCK) * BLOCK + j % BLOCK] = T.cast(-L, L1b.dtype)
-            elif i >= 2 * BLOCK and j < 2 * BLOCK:
-                M10[0, i - 2 * BLOCK, j] = -L
+            elif i // BLOCK > j // BLOCK or i // BLOCK % 2 == 0 and j // BLOCK == i // BLOCK + 1:
+                Ts[0, i, j] = T.cast(-L, Ts.dtype)
 
     @T.macro
     def wild_scores(wild, slots, num_wild, q, k, start, rows, hq, gl, r0, d0, Gw_s, Qw_s, Kw_s, P_f, KK):
@@ -280,14 +278,13 @@ def gla_factors_kernel(K: int, dtype: str, gate_in: tuple | None, delta: bool = 
                 if num_wild > 0:
                     wild_scores(wild, slots, num_wild, q, k, start, rows, hq, gl, r0, d0, Gw_s, Qw_s, Kw_s, P_f, KK)
                 if delta:
-                    unit_lower_rows(KK, rows, beta_s, inv.Xd, inv.L1b, inv.M10)
+                    unit_lower_rows(KK, rows, beta_s, inv.Xd, inv.Ts)
                 for i, j in T.Parallel(C, C):  # whole rows through the key operand's memory, dead now
                     out_s[i, 0, j] = T.if_then_else(j <= i, P_f[i, j] * scale, 0)
                 store_rows(out_s, P, start, rows, hv, tx, xs)
 
                 if delta:
-                    invert(inv.Xd, inv.Lo, inv.M10, inv.X00, inv.X11, inv.F32, inv.F1, inv.L1b, inv.col, inv.Q_a,
-                           inv.Q_b, inv.X_a, inv.F, level1_view(Kr_s), out_s, beta_s, tx)
+                    invert(inv, out_s, beta_s, tx)
                     store_rows(out_s, Ab, start, rows, hv, tx, xs)
 
     return gla_factors

@@ -23,23 +23,23 @@ recursion of seed 000:
   level 0   the four 16x16 diagonal blocks X_b = L_bb^-1, either by forward substitution, each lane forming COLS
             columns in registers (blocked) or by (I+L)^-1 = (I-L)(I+L^2)(I+L^4)(I+L^8) with fp16 GEMM operands and the
             four blocks batched into one 64x16 @ 16x64 product whose diagonal blocks are kept (neumann);
-  level 1   C >= 32: the 16x16 coupling -X_1 L_10 X_0 of each 32 half, two tensor-core GEMMs on -L_10 (negated
-            at extraction) per head, its two halves' blocks side by side in one 32x16 by 16x32 product whose diagonal
-            blocks are kept (fp16 operands, the left in the K slice's dead bytes, the right in a buffer of their own
-            as the product reads them: -L_10 stored there by the extraction, X_0 by a row copy; fp32 accumulation);
-  level 2   C == 64: the 32x32 coupling -X_11 M_10 X_00, two tensor-core GEMMs (fp16 operands: the 11-bit
-            mantissa of tf32; fp32 accumulation).
+  level 1   C >= 32: the 16x16 coupling X_10 = (X_1 (-L_10)) X_0 of each 32 half, one warp's two chained mma.sync
+            products (fp16 operands, fp32 accumulation), the first result kept in registers as the second's left
+            operand;
+  level 2   C == 64: the 32x32 coupling (X_11 (-M_10)) X_00, two tensor-core GEMMs of the CTA (fp16 operands: the
+            11-bit mantissa of tf32; fp32 accumulation).
 
-The 16x16 blocks live in (n, 17, 16) fp32 shared buffers (the 17-row stride puts two neighbouring blocks half a bank
-row apart): linear where the threads write them (Xd), with rows r of r // 2 odd rotated by 8 columns where a
-tensor-core accumulator does (K K^T's blocks, level 1's result: block_layout); the fp16 operands of levels 1 and 2
-in operand_layout. The K slice arrives by one TMA load (a warp's elected lane; its shared-memory swizzle is K K^T's
-operand layout) where K K^T is formed once a tile, and by the threads' 16-byte loads under the per-channel gate
-(once per value head). The output is staged in the shared memory of the K slice, dead after the GEMM, and leaves as
-16-byte row stores of the live rows and value heads. Varlen needs no host synchronisation: tile slot s belongs to
-the last sequence n with floor(cu[n] / 64) + n <= s (common.locate_tile: a warp's search of cu_seqlens); the grid is
-an upper bound (floor(T / 64) + N slots) whose surplus slots exit. The dense [B, T] layout is the special case
-dense_len = T.
+Levels 1 and 2 work on one fp16 64x64 tile a head (Ts), each operand read where it lies: the extraction leaves -L_10
+and -M_10 in their blocks, level 0 its X_b in the diagonal blocks, level 1 its X_10 over -L_10 (tile_inverse). Level
+0's input, I + L_bb, lives in (n, 17, 16) fp32 shared blocks (Xd; the 17-row stride puts two neighbouring blocks
+half a bank row apart), K K^T's lower blocks likewise, with rows r of r // 2 odd rotated by 8 columns where the
+tensor-core accumulator writes them (block_layout). The K slice arrives by one TMA load (a warp's elected lane; its
+shared-memory swizzle is K K^T's operand layout) where K K^T is formed once a tile, and by the threads' 16-byte
+loads under the per-channel gate (once per value head). The output is staged in the shared memory of the K slice,
+dead after the GEMM, and leaves as 16-byte row stores of the live rows and value heads. Varlen needs no host
+synchronisation: tile slot s belongs to the last sequence n with floor(cu[n] / 64) + n <= s (common.locate_tile: a
+warp's search of cu_seqlens); the grid is an upper bound (floor(T / 64) + N slots) whose surplus slots exit. The
+dense [B, T] layout is the special case dense_len = T.
 Rows past a sequence end are masked (select, not multiply): a product entry meets only the two rows it pairs, and
 every entry with a row past the end is selected away, so whatever those rows hold (the next sequence's, by TMA;
 the sequence's last row, clamped, under the per-channel gate) leaves rows < len exact.
@@ -69,52 +69,38 @@ MIN_BLOCKS = 4  # caps registers at 128 per thread: four CTAs per SM (shared mem
 CHANNEL_MIN_BLOCKS = 2  # per-channel gate: its gc and score tiles leave room for two CTAs at most (bf16), so no cap
 
 
-def inverse_buffers(C: int, P: int, method: str, fp16_tile: bool = False) -> SimpleNamespace:
+def inverse_buffers(C: int, P: int, method: str) -> SimpleNamespace:
     """tile_inverse's buffers for P value heads at chunk C, allocated in the calling kernel's body under their names
     (as chunk_fwd_ws.allocate_shared does: unnamed, their generated names would vary between processes, and with
-    them the kernel cache's keys): Xd (I + L_bb of the P * NB diagonal 16x16 blocks on entry, inverted in place), L1b
-    (C >= 32: -L_10 of each head's two 32 halves side by side on entry, level 1's right operands), Lo (C >= 32: X_10
-    of each 32 half, level 1's result), M10 (C == 64: -M_10 on entry) and the levels' scratch (None where a
-    configuration has none); layouts: the layouts of the 16x16 block buffers (Xd linear, Lo block_layout) and the
-    fp16 operands (operand_layout), for the caller's one T.annotate_layout. Level 1's left operands are not among
-    them: the caller lends dead shared memory (level1_view)."""
+    them the kernel cache's keys): Xd (I + L_bb of the P * NB diagonal 16x16 blocks on entry, level 0's fp32
+    blocks), col (a lane's columns of level 0, blocked), Ts (C >= 32: one fp16 64x64 tile a head, -L_10 and -M_10
+    in their blocks on entry, the levels' working set), each level-1 warp's fragments (`warps`: F1 and H1 by warp),
+    F32 (level 2's accumulator, C == 64), bq (a thread's column factors of the assembly) and Neumann's scratch
+    (None where a configuration has none); layouts: Xd's (linear), for the caller's one T.annotate_layout."""
     NB = TILE // BLOCK
     shapes = {  # name: (allocator, shape, dtype)
         "Xd": (T.alloc_shared, (P * NB, BLOCK + 1, BLOCK), ACC),
-        "col": (T.alloc_local, (COLS, BLOCK), ACC),  # a lane's columns of its diagonal block's inverse
+        "col": (T.alloc_local, (COLS, BLOCK), ACC),
     }
-    tiled = fp16_tile and C >= 32
-    if tiled:  # the levels' working set: one fp16 tile a head, and each warp's fragments (tile_inverse)
+    if C >= 32:
         shapes["Ts"] = (T.alloc_shared, (P, TILE, TILE), "float16")
         for w in range(2 * P):
             shapes.update({f"F1_{w}": (T.alloc_fragment, (BLOCK, BLOCK), ACC),
                            f"H1_{w}": (T.alloc_fragment, (BLOCK, BLOCK), "float16")})
-        if C == 64:
-            shapes["F32"] = (T.alloc_fragment, (32, 32), ACC)
         shapes["bq"] = (T.alloc_local, (TILE // C, 4), ACC)  # a thread's four column factors of each chunk
-    if C >= 32 and not tiled:  # level 1's product of a head's two 32 halves, 16x16 blocks side by side
-        shapes.update(F1=(T.alloc_fragment, (32, 32), ACC),
-                      Lo=(T.alloc_shared, (P * NB // 2, BLOCK + 1, BLOCK), ACC),
-                      L1b=(T.alloc_shared, (P, BLOCK, 2 * BLOCK), "float16"))  # its right operands, as read
-    if C == 64 and not tiled:  # 32x32 operands of level 2 in fp16 (the 11-bit mantissa of tf32)
-        shapes.update(M10=(T.alloc_shared, (P, 32, 32), "float16"),  # -M_10, then -X_11 M_10
-                      X00=(T.alloc_shared, (P, 32, 32), "float16"),
-                      X11=(T.alloc_shared, (P, 32, 32), "float16"),
-                      F32=(T.alloc_fragment, (32, 32), ACC))
+    if C == 64:
+        shapes["F32"] = (T.alloc_fragment, (32, 32), ACC)
     if method == "neumann":
         shapes.update(Q_a=(T.alloc_shared, (P, TILE, BLOCK), "float16"),
                       Q_b=(T.alloc_shared, (P, BLOCK, TILE), "float16"),
                       X_a=(T.alloc_shared, (P, TILE, BLOCK), "float16"),
                       F=(T.alloc_fragment, (TILE, TILE), ACC))
-    inv = SimpleNamespace(**dict.fromkeys(("F1", "Lo", "L1b", "M10", "X00", "X11", "F32", "Q_a", "Q_b", "X_a", "F",
-                                           "Ts", "bq")))
+    inv = SimpleNamespace(**dict.fromkeys(("Ts", "F32", "bq", "Q_a", "Q_b", "X_a", "F")))
     for name, (alloc, shape, dtype) in shapes.items():
         setattr(inv, name, IRBuilder.name(name, alloc(shape, dtype)))
     inv.warps = SimpleNamespace(**{kind: [getattr(inv, f"{kind}_{w}", None) for w in range(2 * P)]
                                    for kind in ("F1", "H1")})
-    layouts = ((inv.Xd, tilelang.layout.make_linear_layout), (inv.Lo, block_layout), (inv.L1b, operand_layout),
-               (inv.M10, operand_layout), (inv.X00, operand_layout), (inv.X11, operand_layout))
-    inv.layouts = {buf: layout(buf) for buf, layout in layouts if buf is not None}
+    inv.layouts = {inv.Xd: tilelang.layout.make_linear_layout(inv.Xd)}
     return inv
 
 
@@ -126,46 +112,22 @@ def block_layout(buffer):
     return T.Layout(buffer.shape, lambda b, r, c: (b * (BLOCK + 1) + r) * BLOCK + (c + r // 2 % 2 * 8) % BLOCK)
 
 
-def operand_layout(buffer):
-    """The layout of a (P, rows, 32) fp16 buffer of level 1's or level 2's tensor-core operands (L1b, M10, X00, X11):
-    rows of 64 bytes whose four 16-byte chunks are rotated by 2 (r // 2 % 2) + r // 4 % 2. A phase of 8-byte stores
-    reaches rows r to r + 3 in one 32-byte half; rows r + 2 and r + 3 hold it in the other half, on other banks
-    (a swizzle by r // 2 % 4 keeps it in the same one). ldmatrix's eight rows of one chunk take four distinct chunk
-    positions, two rows each 64 bytes apart: conflict-free too."""
-    rows = buffer.shape[1]
-    return T.Layout(buffer.shape, lambda p, r, c: (p * rows + r) * 32
-                    + (c // 8 + r // 2 % 2 * 2 + r // 4 % 2) % 4 * 8 + c % 8)
+def tile_inverse(C: int, P: int, method: str, scaled: bool = False):
+    """The macro invert(inv, out_s, beta_s, tx) (inv: inverse_buffers' buffers; out_s a (TILE, >= P, C) shared
+    staging, beta_s (P, TILE) fp32, tx the thread): the block-diagonal inverse of P value heads' tiles into
+    out_s[i, p, :] (row i keeps the C columns of its own chunk), by levels 0-2 of the module docstring. scaled:
+    Ab = A diag(beta) instead, column j of head p times beta_s[p, j] (j the tile row of the column's token) as the
+    fp32 entries are assembled, so out_s holds Ab rounded once and leaves as it is staged; beta_s is not read
+    otherwise.
 
-
-def level1_view(buffer):
-    """Level 1's left fp16 operands (tile_inverse's L1) in the bytes of a shared buffer the caller leaves dead during
-    the inverse's levels 0 and 1 (kkt_solve's K slice, gla_factors' key operand; both staged into only after them):
-    a (n, TILE, BLOCK) fp16 view, n >= 1."""
-    halves = math.prod(int(extent) for extent in buffer.shape) * tvm.DataType(buffer.dtype).bits // 16
-    return T.view(buffer, (halves // (TILE * BLOCK), TILE, BLOCK), "float16")
-
-
-def tile_inverse(C: int, P: int, method: str, scaled: bool = False, fp16_tile: bool = False):
-    """The macro invert(Xd, Lo, M10, X00, X11, F32, F1, L1b, col, Q_a, Q_b, X_a, F, L1, out_s, beta_s, tx)
-    (inverse_buffers' buffers, L1 level1_view's, out_s a (TILE, >= P, C) shared staging, beta_s (P, TILE) fp32, tx
-    the thread): the block-diagonal inverse of P value heads' tiles into out_s[i, p, :] (row i keeps the C columns of
-    its own chunk), by levels 0-2 of the module docstring. scaled: Ab = A diag(beta) instead, column j of head p times
-    beta_s[p, j] (j the tile row of the column's token) as the fp32 blocks are assembled, so out_s holds Ab rounded
-    once and leaves as it is staged; beta_s is not read otherwise.
-
-    fp16_tile (C >= 32, blocked): levels 1 and 2 on one fp16 64x64 tile a head (Ts, inverse_buffers'), their
-    operands read where they lie: the extraction leaves -L_10 and -M_10 in their blocks of Ts, level 0 its diagonal
-    blocks X_b (rounded to fp16). Level 1: warp w = 2 p + x forms X_10 = (X_11 (-L_10)) X_00 of head p's 32 half x
-    as two chained mma.sync products, the first result kept in registers as the second's left operand (fp16
-    operands, fp32 accumulation), and writes it into Ts in place of -L_10. Level 2 (C == 64): the whole CTA forms
-    each head's (X_11 (-M_10)) X_00 over Ts's 32x32 blocks, the first product's result in place of -M_10, the
-    second's straight to out_s. The macro then takes (Xd, col, Ts, W, F32, bq, out_s, beta_s, tx), W
-    inverse_buffers' `warps`."""
+    On entry Xd holds I + L_bb of the diagonal blocks and, at C >= 32, Ts holds -L_10 of each 32 half and -M_10 in
+    their blocks (C == 64: blocks (0, 1) and (2, 3), which level 2's X_00 and X_11 span, zero). Levels 1 and 2 run on
+    the fp16 tile Ts, their operands read where they lie: level 0 leaves its X_b in Ts's diagonal blocks (rounded to
+    fp16). Level 1: warp w = 2 p + x forms X_10 = (X_11 (-L_10)) X_00 of head p's 32 half x as two chained mma.sync
+    products, the first result kept in registers as the second's left operand (fp16 operands, fp32 accumulation),
+    and writes it into Ts in place of -L_10. Level 2 (C == 64): the whole CTA forms each head's (X_11 (-M_10)) X_00
+    over Ts's 32x32 blocks, the first product's result in place of -M_10, the second's straight to out_s."""
     NB = TILE // BLOCK
-    Q = P * NB // 2  # 32 halves of the P heads' tiles
-    tiled = fp16_tile and C >= 32
-    if tiled and method != "blocked":
-        raise ValueError(f"fp16_tile: the tile levels follow the blocked level 0, got method {method!r}")
 
     def column(value, beta_s, p, j):
         """An fp32 entry of column j (a tile row) of head p as staged: times beta_s[p, j] where scaled."""
@@ -199,33 +161,9 @@ def tile_inverse(C: int, P: int, method: str, scaled: bool = False, fp16_tile: b
                         X_a[p, i, j % BLOCK] = Xd[p * NB + i // BLOCK, i % BLOCK, j % BLOCK]
 
     @T.macro
-    def level1_product(L1, L1b, F1, Lo, last):
-        """Each head's L1[0] rows times L1b[p] (32 x 16 by 16 x 32, two 32 halves' blocks side by side), the
-        diagonal 16x16 blocks kept: into L1[0] (the next product's left operand), or into Lo where last."""
-        for p in T.unroll(Q // 2):
-            T.gemm(L1[0, p * 32 : p * 32 + 32, :], L1b[p, :, :], F1, clear_accum=True)
-            for i, j in T.Parallel(32, 32):
-                if i // BLOCK == j // BLOCK:
-                    if last:
-                        Lo[p * 2 + i // BLOCK, i % BLOCK, j % BLOCK] = F1[i, j]
-                    else:
-                        L1[0, p * 32 + i, j % BLOCK] = F1[i, j]
-
-    @T.macro
-    def half_inverse(h, Xh, Xd, Lo):
-        """Xh <- X_hh = [[X_2h, 0], [X_10 of half h, X_2h+1]], the inverse of 32 half h, block by block (row runs of
-        16, no selects). A macro, not a loop over (X00, X11): a loop target would rename the buffer it binds, and
-        the two buffers' generated names (so the kernel cache's keys) would then vary between processes."""
-        for p, r, c in T.Parallel(P, BLOCK, BLOCK):
-            Xh[p, r, c] = Xd[p * NB + 2 * h, r, c]
-            Xh[p, r, BLOCK + c] = 0.0
-            Xh[p, BLOCK + r, c] = Lo[p * 2 + h, r, c]
-            Xh[p, BLOCK + r, BLOCK + c] = Xd[p * NB + 2 * h + 1, r, c]
-
-    @T.macro
     def forward_substitution(Xd, col, Ts, tx):
-        """Level 0, blocked: the P * NB diagonal 16x16 blocks of Xd inverted, in place (fp32), or into their blocks
-        of Ts (fp16) where Ts is given. Lane (b, u) owns columns t = COLS u + j, j < COLS, of block b (BLOCK / COLS
+        """Level 0, blocked: the P * NB diagonal 16x16 blocks of Xd inverted, in place (fp32, C == 16), or into their
+        blocks of Ts (fp16) where Ts is given. Lane (b, u) owns columns t = COLS u + j, j < COLS, of block b (BLOCK / COLS
         lanes a block) and forms them down the rows in registers, X_rt = delta_rt - sum_m<r L_rm X_mt: an entry of
         L a lane reads serves its COLS columns, so a warp's 16-byte read of L (a wavefront a quarter warp, whose
         lanes share one block) serves 32 COLS / BLOCK blocks. L is read only, and no lane writes before all have
@@ -244,10 +182,23 @@ def tile_inverse(C: int, P: int, method: str, scaled: bool = False, fp16_tile: b
         if lane:
             for r in T.unroll(BLOCK):
                 for j in T.unroll(COLS):
-                    if tiled:
+                    if Ts is not None:
                         Ts[b // NB, b % NB * BLOCK + r, b % NB * BLOCK + t + j] = T.cast(col[j, r], "float16")
                     else:
                         Xd[b, r, t + j] = col[j, r]
+
+    @T.macro
+    def level0(inv, tx):
+        """The P * NB diagonal 16x16 blocks inverted: into Ts's diagonal blocks (fp16) at C >= 32, in Xd (fp32) at
+        C == 16."""
+        if method == "blocked":
+            forward_substitution(inv.Xd, inv.col, inv.Ts, tx)
+        else:
+            for p in T.unroll(P):
+                neumann_blocks(p, inv.Xd, inv.Q_a, inv.Q_b, inv.X_a, inv.F)
+            if C >= 32:
+                for p, b, r, c in T.Parallel(P, NB, BLOCK, BLOCK):
+                    inv.Ts[p, b * BLOCK + r, b * BLOCK + c] = T.cast(inv.Xd[p * NB + b, r, c], "float16")
 
     @T.macro
     def level1_warp(w, Ts, W):
@@ -275,13 +226,11 @@ def tile_inverse(C: int, P: int, method: str, scaled: bool = False, fp16_tile: b
                 level1_warp(3, Ts, W)
 
     @T.macro
-    def invert_tile(Xd, col, Ts, W, F32, bq, out_s, beta_s, tx):
-        forward_substitution(Xd, col, Ts, tx)
-        level1(Ts, W, tx)
-        # the block-diagonal inverse from Ts, row i keeping the C columns of its own chunk: zeros in the blocks
-        # above the diagonal, Ts's entries in the others; level 2's block (rows 32 on, columns below 32 at C == 64)
-        # from the products below. Thread tx keeps four neighbouring columns j0 to j0 + 3 of head p, their column
-        # factors (scaled) read once, and takes them down `rows`-row steps of the tile
+    def assemble(Ts, bq, out_s, beta_s, tx):
+        """The block-diagonal inverse from Ts, row i keeping the C columns of its own chunk: zeros in the blocks
+        above the diagonal, Ts's entries in the others; level 2's block (rows 32 on, columns below 32 at C == 64)
+        is the caller's. Thread tx keeps four neighbouring columns j0 to j0 + 3 of head p, their column factors
+        (scaled) read once, and takes them down `rows`-row steps of the tile."""
         quads = P * C // 4
         rows = THREADS // quads
         p = tx % quads // (C // 4)
@@ -298,57 +247,25 @@ def tile_inverse(C: int, P: int, method: str, scaled: bool = False, fp16_tile: b
                     out_s[i, p, j0 + c] = T.if_then_else(
                         i % C // BLOCK < j0 // BLOCK, T.cast(0, out_s.dtype),
                         T.cast(T.cast(Ts[p, i, h * C + j0 + c], ACC) * (bq[h, c] if scaled else 1.0), out_s.dtype))
-        if C == 64:
-            for p in T.unroll(P):
-                T.gemm(Ts[p, 32:TILE, 32:TILE], Ts[p, 32:TILE, 0:32], F32, clear_accum=True)
-                T.copy(F32, Ts[p, 32:TILE, 0:32])
-                T.gemm(Ts[p, 32:TILE, 0:32], Ts[p, 0:32, 0:32], F32, clear_accum=True)
-                for r, c in T.Parallel(32, 32):
-                    out_s[32 + r, p, c] = column(F32[r, c], beta_s, p, c)
 
     @T.macro
-    def invert(Xd, Lo, M10, X00, X11, F32, F1, L1b, col, Q_a, Q_b, X_a, F, L1, out_s, beta_s, tx):
-        # level 0: the P * NB diagonal 16x16 blocks
-        if method == "blocked":
-            forward_substitution(Xd, col, None, tx)
+    def invert(inv, out_s, beta_s, tx):
+        level0(inv, tx)
+        if C == BLOCK:  # one block a chunk: level 0's blocks are the inverse
+            for p, b, r, c in T.Parallel(P, NB, BLOCK, BLOCK):
+                out_s[b * BLOCK + r, p, c] = column(inv.Xd[p * NB + b, r, c], beta_s, p, b * BLOCK + c)
         else:
+            level1(inv.Ts, inv.warps, tx)
+            assemble(inv.Ts, inv.bq, out_s, beta_s, tx)
+        if C == 64:  # level 2: X_10 = (X_11 (-M_10)) X_00 between the two 32 halves
             for p in T.unroll(P):
-                neumann_blocks(p, Xd, Q_a, Q_b, X_a, F)
-
-        # level 1: X_10 = -X_1 L_10 X_0 in each 32 half, into Lo: a head's two halves' 16x16 products batched as one
-        # (32 x 16) @ (16 x 32) product on the tensor cores whose diagonal blocks are kept (fp16 operands, as level
-        # 2's; fp32 accumulation), the right operands side by side in L1b (half q's at columns 16 (q % 2) + t)
-        if C >= 32:
-            for q, s, m in T.Parallel(Q, BLOCK, BLOCK):
-                L1[0, q * BLOCK + s, m] = Xd[2 * q + 1, s, m]  # X_1; -L_10 is in L1b from the extraction
-            level1_product(L1, L1b, F1, Lo, 0)  # -X_1 L_10 into L1[0]
-            for q, m, t in T.Parallel(Q, BLOCK, BLOCK):
-                L1b[q // 2, m, (q % 2) * BLOCK + t] = Xd[2 * q, m, t]  # X_0
-            level1_product(L1, L1b, F1, Lo, 1)  # -X_1 L_10 X_0 into Lo
-
-        # assemble the block-diagonal inverse; row i keeps the C columns of its own chunk (the column of tile row j
-        # at j % C): zeros in the blocks above the diagonal, the levels' blocks in the others
-        for i, p, j in T.Parallel(TILE, P, C):
-            if i % C // BLOCK < j // BLOCK:
-                out_s[i, p, j] = T.cast(0, out_s.dtype)
-        for p, b, r, c in T.Parallel(P, NB, BLOCK, BLOCK):
-            out_s[b * BLOCK + r, p, (b * BLOCK) % C + c] = column(Xd[p * NB + b, r, c], beta_s, p, b * BLOCK + c)
-        if C >= 32:
-            for p, h, r, c in T.Parallel(P, NB // 2, BLOCK, BLOCK):
-                out_s[h * 32 + BLOCK + r, p, (h * 32) % C + c] = column(Lo[p * 2 + h, r, c], beta_s, p, h * 32 + c)
-
-        # level 2: X_10 = -X_11 M_10 X_00 between the two 32 halves
-        if C == 64:
-            half_inverse(0, X00, Xd, Lo)
-            half_inverse(1, X11, Xd, Lo)
-            for p in T.unroll(P):
-                T.gemm(X11[p, :, :], M10[p, :, :], F32, clear_accum=True)
-                T.copy(F32, M10[p, :, :])
-                T.gemm(M10[p, :, :], X00[p, :, :], F32, clear_accum=True)
+                T.gemm(inv.Ts[p, 32:TILE, 32:TILE], inv.Ts[p, 32:TILE, 0:32], inv.F32, clear_accum=True)
+                T.copy(inv.F32, inv.Ts[p, 32:TILE, 0:32])
+                T.gemm(inv.Ts[p, 32:TILE, 0:32], inv.Ts[p, 0:32, 0:32], inv.F32, clear_accum=True)
                 for r, c in T.Parallel(32, 32):
-                    out_s[32 + r, p, c] = column(F32[r, c], beta_s, p, c)
+                    out_s[32 + r, p, c] = column(inv.F32[r, c], beta_s, p, c)
 
-    return invert_tile if tiled else invert
+    return invert
 
 
 def kkt_solve_kernel(chunk: int, method: str, dtype: str, gate: str, pair: int, gate_in: tuple | None = None,
@@ -383,8 +300,7 @@ def kkt_solve_kernel(chunk: int, method: str, dtype: str, gate: str, pair: int, 
     num_bounds = T.dynamic("num_bounds")  # N + 1
     g_tokens, g_heads = T.dynamic("g_tokens"), T.dynamic("g_heads")  # (1, 1) dummy when ungated
     num_a, num_b, gc_tokens = T.dynamic("num_a, num_b, gc_tokens")  # placeholders unless gate_in
-    tiled = method == "blocked" and C >= 32  # levels 1 and 2 on the fp16 tile (tile_inverse)
-    invert = tile_inverse(C, P, method, scaled, tiled)
+    invert = tile_inverse(C, P, method, scaled)
 
     @T.macro
     def chunk_cumsum(g_s, gc, start, rows, hv0, heads, gate_scale, tx):
@@ -454,10 +370,9 @@ def kkt_solve_kernel(chunk: int, method: str, dtype: str, gate: str, pair: int, 
             raw[3] = dt_bias[T.min(hv, num_b - 1)]
 
     @T.macro
-    def extract_block(KKs, beta_s, g_s, rows, Xd, L1b, M10, Ts, kk, tx, bi, bj, dest, a):
+    def extract_block(KKs, beta_s, g_s, rows, Xd, Ts, kk, tx, bi, bj, dest):
         """Thread tx's four entries of L (extract) in block (bi, bj) of each head into dest: "Xd" its diagonal block
-        bi (I + L), "L1b" that of 32 half a (-L, level 1's right operand in fp16), "M10" its row block a (-L), "Ts"
-        block (bi, bj) of the head's fp16 tile (-L)."""
+        bi (I + L), "Ts" block (bi, bj) of the head's fp16 tile (-L)."""
         r = tx % (THREADS // 2) // (BLOCK // 4)
         c0 = tx % (BLOCK // 4) * 4
         for c in T.vectorized(4):
@@ -476,34 +391,27 @@ def kkt_solve_kernel(chunk: int, method: str, dtype: str, gate: str, pair: int, 
                 L = T.if_then_else(i < rows, x, 0.0)
                 if dest == "Xd":
                     Xd[p * NB + bi, r, c0 + c] = L * below + T.cast(r == c0 + c, ACC)
-                elif dest == "L1b":
-                    L1b[p, r, a * BLOCK + c0 + c] = T.cast(-L, L1b.dtype)
-                elif dest == "Ts":
-                    Ts[p, i, bj * BLOCK + c0 + c] = T.cast(-L, Ts.dtype)
                 else:
-                    M10[p, a * BLOCK + r, bj * BLOCK + c0 + c] = -L
+                    Ts[p, i, bj * BLOCK + c0 + c] = T.cast(-L, Ts.dtype)
 
     @T.macro
-    def extract(KKs, beta_s, g_s, rows, Xd, L1b, M10, Ts, kk, tx):
+    def extract(KKs, beta_s, g_s, rows, Xd, Ts, kk, tx):
         """From K K^T's lower blocks, each head p's L_ij = beta_i (K K^T)_ij exp(g_i - g_j) (i = 16 bi + r > j =
-        16 bj + c in one chunk; a per-channel gate is in KKs already) into the inverse's inputs: I + L on the
-        diagonal blocks (Xd), -L_10 of each 32 half (L1b, C >= 32), -M_10 (M10, C == 64). Rows past the sequence
-        end are 0 (selected, not multiplied: their exponent is unbounded). Thread tx forms four neighbouring
-        entries of a row, r = (tx % 64) / 4, c = 4 (tx % 4) + 0..3, of the block its half of the CTA (h = tx / 64)
-        takes in each step, two blocks a step: one 16-byte read of KKs (into kk) serves the P heads, one 16-byte
-        store a head. With the fp16 tile (Ts given) -L_10 and -M_10 go to their blocks of Ts, and at C == 64 the
-        blocks above the diagonal that level 2's operands X_00 and X_11 span, (0, 1) and (2, 3), are zeroed."""
+        16 bj + c in one chunk; a per-channel gate is in KKs already) into the inverse's inputs
+        (tile_inverse): I + L on the diagonal blocks (Xd), -L_10 of each 32 half (C >= 32) and -M_10 (C == 64) in
+        their blocks of Ts, and at C == 64 zeros in the blocks above the diagonal that level 2's operands X_00 and
+        X_11 span, (0, 1) and (2, 3). Rows past the sequence end are 0 (selected, not multiplied: their exponent is
+        unbounded). Thread tx forms four neighbouring entries of a row, r = (tx % 64) / 4, c = 4 (tx % 4) + 0..3, of
+        the block its half of the CTA (h = tx / 64) takes in each step, two blocks a step: one 16-byte read of KKs
+        (into kk) serves the P heads."""
         h = tx // (THREADS // 2)
-        off = "L1b" if Ts is None else "Ts"
         for step in T.unroll(NB // 2):  # the diagonal blocks 2 step + h
-            extract_block(KKs, beta_s, g_s, rows, Xd, L1b, M10, Ts, kk, tx, 2 * step + h, 2 * step + h, "Xd", 0)
+            extract_block(KKs, beta_s, g_s, rows, Xd, Ts, kk, tx, 2 * step + h, 2 * step + h, "Xd")
         if C >= 32:  # L_10 of 32 half h
-            extract_block(KKs, beta_s, g_s, rows, Xd, L1b, M10, Ts, kk, tx, 2 * h + 1, 2 * h, off, h)
-        if C == 64:  # M_10's blocks (2 + a, h)
+            extract_block(KKs, beta_s, g_s, rows, Xd, Ts, kk, tx, 2 * h + 1, 2 * h, "Ts")
+        if C == 64:  # M_10's blocks (2 + a, h), and the zero blocks
             for a in T.unroll(2):
-                extract_block(KKs, beta_s, g_s, rows, Xd, L1b, M10, Ts, kk, tx, 2 + a, h, off if Ts is not None
-                              else "M10", a)
-        if C == 64 and Ts is not None:
+                extract_block(KKs, beta_s, g_s, rows, Xd, Ts, kk, tx, 2 + a, h, "Ts")
             for p, a, r, c in T.Parallel(P, 2, BLOCK, BLOCK):
                 Ts[p, 32 * a + r, 32 * a + BLOCK + c] = T.cast(0, Ts.dtype)
 
@@ -559,12 +467,11 @@ def kkt_solve_kernel(chunk: int, method: str, dtype: str, gate: str, pair: int, 
                 rows = T.min(end - start, TILE)
                 k_s = T.alloc_shared((TILE, KSTEP), dtype)  # K slice; later the output staging (same bytes)
                 out_s = T.view(k_s, (TILE, KSTEP // C, C), dtype)
-                L1 = None if tiled else level1_view(k_s)
                 KK = T.alloc_fragment((TILE, TILE), ACC)
                 KKs = T.alloc_shared((NB * (NB + 1) // 2, BLOCK + 1, BLOCK), ACC)  # lower 16x16 blocks of K K^T
                 beta_s = T.alloc_shared((P, TILE), ACC)
                 g_s = T.alloc_shared((P, TILE), ACC)
-                inv = inverse_buffers(C, P, method, tiled)
+                inv = inverse_buffers(C, P, method)
                 T.annotate_layout({KKs: block_layout(KKs), **inv.layouts})
                 if channel:  # row block a's scores against the reference R_a = g at its first row
                     gc_s = T.alloc_shared((TILE, KSTEP), ACC)  # log2(e) gc of the value head
@@ -607,13 +514,8 @@ def kkt_solve_kernel(chunk: int, method: str, dtype: str, gate: str, pair: int, 
                             gated_kkt(k_s, gc_s, Qr, Kr, KK, KKs)
 
                         # extraction: I + L on the diagonal blocks, -L_10 and -M_10 off them (L_ij, i > j, same chunk)
-                        extract(KKs, beta_s, g_s, rows, inv.Xd, inv.L1b, inv.M10, inv.Ts, kk, tx)
-
-                        if tiled:
-                            invert(inv.Xd, inv.col, inv.Ts, inv.warps, inv.F32, inv.bq, out_s, beta_s, tx)
-                        else:
-                            invert(inv.Xd, inv.Lo, inv.M10, inv.X00, inv.X11, inv.F32, inv.F1, inv.L1b, inv.col,
-                                   inv.Q_a, inv.Q_b, inv.X_a, inv.F, L1, out_s, beta_s, tx)
+                        extract(KKs, beta_s, g_s, rows, inv.Xd, inv.Ts, kk, tx)
+                        invert(inv, out_s, beta_s, tx)
 
                         # write back the rows of this sequence, for the live value heads, as staged
                         for i, p, j in T.Parallel(TILE, P, C):
