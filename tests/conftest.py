@@ -1,5 +1,6 @@
 """Test-wide setup: ``gpu`` tests run only where a Hopper (sm_90) GPU is visible; each session compiles from an
-empty TorchInductor cache; benchmarks/smem_banks.py and inverse_latency.py are the fixtures of their names."""
+empty TorchInductor cache; benchmarks/smem_banks.py, inverse_latency.py and ncu_regions.py are the fixtures of their
+names."""
 
 import importlib.util
 import os
@@ -38,6 +39,11 @@ def smem_banks():
 @pytest.fixture(scope="session")
 def inverse_latency():
     return benchmark_script("inverse_latency")
+
+
+@pytest.fixture(scope="session")
+def ncu_regions():
+    return benchmark_script("ncu_regions")
 
 
 def pytest_collection_modifyitems(config, items):
