@@ -72,11 +72,12 @@ CHANNEL_MIN_BLOCKS = 2  # per-channel gate: its gc and score tiles leave room fo
 def inverse_buffers(C: int, P: int, method: str) -> SimpleNamespace:
     """tile_inverse's buffers for P value heads at chunk C, allocated in the calling kernel's body under their names
     (as chunk_fwd_ws.allocate_shared does: unnamed, their generated names would vary between processes, and with
-    them the kernel cache's keys): Xd (I + L_bb of the P * NB diagonal 16x16 blocks on entry, level 0's fp32
-    blocks), col (a lane's columns of level 0, blocked), Ts (C >= 32: one fp16 64x64 tile a head, -L_10 and -M_10
-    in their blocks on entry, the levels' working set), each level-1 warp's fragments (`warps`: F1 and H1 by warp),
-    F32 (level 2's accumulator, C == 64), bq (a thread's column factors of the assembly) and Neumann's scratch
-    (None where a configuration has none); layouts: Xd's (linear), for the caller's one T.annotate_layout."""
+    them the kernel cache's keys): Xd (I + L_bb of the P * NB diagonal 16x16 blocks on entry; their inverses in fp32
+    at chunk 16 and under Neumann), col (a lane's columns of level 0, blocked), Ts (C >= 32: one fp16 64x64 tile a
+    head, -L_10 and -M_10 in their blocks on entry, the levels' working set), each level-1 warp's fragments
+    (`warps`: F1 and H1 by warp), F32 (level 2's accumulator, C == 64), bq (a thread's column factors of the
+    assembly) and Neumann's scratch (None where a configuration has none); layouts: Xd's (linear), for the caller's
+    one T.annotate_layout."""
     NB = TILE // BLOCK
     shapes = {  # name: (allocator, shape, dtype)
         "Xd": (T.alloc_shared, (P * NB, BLOCK + 1, BLOCK), ACC),
@@ -162,12 +163,12 @@ def tile_inverse(C: int, P: int, method: str, scaled: bool = False):
 
     @T.macro
     def forward_substitution(Xd, col, Ts, tx):
-        """Level 0, blocked: the P * NB diagonal 16x16 blocks of Xd inverted, in place (fp32, C == 16), or into their
-        blocks of Ts (fp16) where Ts is given. Lane (b, u) owns columns t = COLS u + j, j < COLS, of block b (BLOCK / COLS
-        lanes a block) and forms them down the rows in registers, X_rt = delta_rt - sum_m<r L_rm X_mt: an entry of
-        L a lane reads serves its COLS columns, so a warp's 16-byte read of L (a wavefront a quarter warp, whose
-        lanes share one block) serves 32 COLS / BLOCK blocks. L is read only, and no lane writes before all have
-        read it: one barrier, not one a row."""
+        """Level 0, blocked: the P * NB diagonal 16x16 blocks of Xd inverted, in place (fp32, C == 16), or into
+        their blocks of Ts (fp16) where Ts is given. Lane (b, u) owns columns t = COLS u + j, j < COLS, of block b
+        (BLOCK / COLS lanes a block) and forms them down the rows in registers, X_rt = delta_rt - sum_m<r L_rm X_mt:
+        an entry of L a lane reads serves its COLS columns, so a warp's 16-byte read of L (a wavefront a quarter
+        warp, whose lanes share one block) serves 32 COLS / BLOCK blocks. L is read only, and no lane writes before
+        all have read it: one barrier, not one a row."""
         lanes = BLOCK // COLS * P * NB
         b = tx // (BLOCK // COLS) % (P * NB)
         t = tx % (BLOCK // COLS) * COLS
