@@ -50,12 +50,10 @@ their lengths, locate_tile's probes within cu_seqlens), so the kernel compiles w
 bounds tests (launch.GUARDED).
 """
 
-import math
 from types import SimpleNamespace
 
 import tilelang
 import tilelang.language as T
-from tilelang import tvm
 from tvm.script.ir_builder import IRBuilder
 
 from .common import LOG2E, TILE, channel_score_dtype, exp_e, floored_log_gate, gate_tile, locate_tile
