@@ -30,10 +30,11 @@ recursion of seed 000:
             11-bit mantissa of tf32; fp32 accumulation).
 
 Levels 1 and 2 work on one fp16 64x64 tile a head (Ts), each operand read where it lies: the extraction leaves -L_10
-and -M_10 in their blocks, level 0 its X_b in the diagonal blocks, level 1 its X_10 over -L_10 (tile_inverse). Level
-0's input, I + L_bb, lives in (n, 17, 16) fp32 shared blocks (Xd; the 17-row stride puts two neighbouring blocks
-half a bank row apart), K K^T's lower blocks likewise, with rows r of r // 2 odd rotated by 8 columns where the
-tensor-core accumulator writes them (block_layout). The K slice arrives by one TMA load (a warp's elected lane; its
+and -M_10 in their blocks, level 0 its X_b in the diagonal blocks, level 1 its X_10 over -L_10 (tile_inverse). Each
+level stages its own blocks of the output from fp32, rounded once (beta on the columns where scaled). Level 0's
+input, I + L_bb, lives in (n, 17, 16) fp32 shared blocks (Xd; the 17-row stride puts two neighbouring blocks half a
+bank row apart), K K^T's lower blocks likewise, with rows r of r // 2 odd rotated by 8 columns where the tensor-core
+accumulator writes them (block_layout). The K slice arrives by one TMA load (a warp's elected lane; its
 shared-memory swizzle is K K^T's operand layout) where K K^T is formed once a tile, and by the threads' 16-byte
 loads under the per-channel gate (once per value head). The output is staged in the shared memory of the K slice,
 dead after the GEMM, and leaves as 16-byte row stores of the live rows and value heads. Varlen needs no host
@@ -70,23 +71,22 @@ CHANNEL_MIN_BLOCKS = 2  # per-channel gate: its gc and score tiles leave room fo
 def inverse_buffers(C: int, P: int, method: str) -> SimpleNamespace:
     """tile_inverse's buffers for P value heads at chunk C, allocated in the calling kernel's body under their names
     (as chunk_fwd_ws.allocate_shared does: unnamed, their generated names would vary between processes, and with
-    them the kernel cache's keys): Xd (I + L_bb of the P * NB diagonal 16x16 blocks on entry; their inverses in fp32
-    at chunk 16 and under Neumann), col (a lane's columns of level 0, blocked), Ts (C >= 32: one fp16 64x64 tile a
-    head, -L_10 and -M_10 in their blocks on entry, the levels' working set), each level-1 warp's fragments
-    (`warps`: F1 and H1 by warp), F32 (level 2's accumulator, C == 64), bq (a thread's column factors of the
-    assembly) and Neumann's scratch (None where a configuration has none); layouts: Xd's (linear), for the caller's
-    one T.annotate_layout."""
+    them the kernel cache's keys): Xd (I + L_bb of the P * NB diagonal 16x16 blocks on entry; Neumann's fp32
+    blocks), col and bcol (blocked: a lane's columns of level 0 and their column factors), Ts (C >= 32: one fp16
+    64x64 tile a head, -L_10 and -M_10 in their blocks on entry, the levels' operands), each level-1 warp's fragments
+    (`warps`: F1 and H1 by warp), F32 (level 2's accumulator, C == 64) and Neumann's scratch (None where a
+    configuration has none); layouts: Xd's (linear), for the caller's one T.annotate_layout."""
     NB = TILE // BLOCK
     shapes = {  # name: (allocator, shape, dtype)
         "Xd": (T.alloc_shared, (P * NB, BLOCK + 1, BLOCK), ACC),
         "col": (T.alloc_local, (COLS, BLOCK), ACC),
+        "bcol": (T.alloc_local, (COLS,), ACC),  # their column factors (beta where scaled)
     }
     if C >= 32:
         shapes["Ts"] = (T.alloc_shared, (P, TILE, TILE), "float16")
         for w in range(2 * P):
             shapes.update({f"F1_{w}": (T.alloc_fragment, (BLOCK, BLOCK), ACC),
                            f"H1_{w}": (T.alloc_fragment, (BLOCK, BLOCK), "float16")})
-        shapes["bq"] = (T.alloc_local, (TILE // C, 4), ACC)  # a thread's four column factors of each chunk
     if C == 64:
         shapes["F32"] = (T.alloc_fragment, (32, 32), ACC)
     if method == "neumann":
@@ -94,7 +94,7 @@ def inverse_buffers(C: int, P: int, method: str) -> SimpleNamespace:
                       Q_b=(T.alloc_shared, (P, BLOCK, TILE), "float16"),
                       X_a=(T.alloc_shared, (P, TILE, BLOCK), "float16"),
                       F=(T.alloc_fragment, (TILE, TILE), ACC))
-    inv = SimpleNamespace(**dict.fromkeys(("Ts", "F32", "bq", "Q_a", "Q_b", "X_a", "F")))
+    inv = SimpleNamespace(**dict.fromkeys(("Ts", "F32", "Q_a", "Q_b", "X_a", "F")))
     for name, (alloc, shape, dtype) in shapes.items():
         setattr(inv, name, IRBuilder.name(name, alloc(shape, dtype)))
     inv.warps = SimpleNamespace(**{kind: [getattr(inv, f"{kind}_{w}", None) for w in range(2 * P)]
@@ -115,17 +115,18 @@ def tile_inverse(C: int, P: int, method: str, scaled: bool = False):
     """The macro invert(inv, out_s, beta_s, tx) (inv: inverse_buffers' buffers; out_s a (TILE, >= P, C) shared
     staging, beta_s (P, TILE) fp32, tx the thread): the block-diagonal inverse of P value heads' tiles into
     out_s[i, p, :] (row i keeps the C columns of its own chunk), by levels 0-2 of the module docstring. scaled:
-    Ab = A diag(beta) instead, column j of head p times beta_s[p, j] (j the tile row of the column's token) as the
-    fp32 entries are assembled, so out_s holds Ab rounded once and leaves as it is staged; beta_s is not read
+    Ab = A diag(beta) instead, column j of head p times beta_s[p, j] (j the tile row of the column's token) as each
+    level stages its fp32 blocks, so out_s holds Ab rounded once and leaves as it is staged; beta_s is not read
     otherwise.
 
     On entry Xd holds I + L_bb of the diagonal blocks and, at C >= 32, Ts holds -L_10 of each 32 half and -M_10 in
-    their blocks (C == 64: blocks (0, 1) and (2, 3), which level 2's X_00 and X_11 span, zero). Levels 1 and 2 run on
-    the fp16 tile Ts, their operands read where they lie: level 0 leaves its X_b in Ts's diagonal blocks (rounded to
-    fp16). Level 1: warp w = 2 p + x forms X_10 = (X_11 (-L_10)) X_00 of head p's 32 half x as two chained mma.sync
-    products, the first result kept in registers as the second's left operand (fp16 operands, fp32 accumulation),
-    and writes it into Ts in place of -L_10. Level 2 (C == 64): the whole CTA forms each head's (X_11 (-M_10)) X_00
-    over Ts's 32x32 blocks, the first product's result in place of -M_10, the second's straight to out_s."""
+    their blocks (C == 64: blocks (0, 1) and (2, 3), which level 2's X_00 and X_11 span, zero). Each level stages
+    its own blocks of out_s from fp32 (the blocks above each chunk's diagonal are zero-filled, 16 bytes a store) and
+    leaves in the fp16 tile Ts what a later level reads, so every operand is read where it lies: level 0 its X_b
+    in Ts's diagonal blocks. Level 1: warp w = 2 p + x forms X_10 = (X_11 (-L_10)) X_00 of head p's 32 half x as
+    two chained mma.sync products, the first result kept in registers as the second's left operand (fp16 operands,
+    fp32 accumulation), and at C == 64 writes it into Ts in place of -L_10. Level 2 (C == 64): the whole CTA forms
+    each head's (X_11 (-M_10)) X_00 over Ts's 32x32 blocks, the first product's result in place of -M_10."""
     NB = TILE // BLOCK
 
     def column(value, beta_s, p, j):
@@ -160,16 +161,16 @@ def tile_inverse(C: int, P: int, method: str, scaled: bool = False):
                         X_a[p, i, j % BLOCK] = Xd[p * NB + i // BLOCK, i % BLOCK, j % BLOCK]
 
     @T.macro
-    def forward_substitution(Xd, col, Ts, tx):
-        """Level 0, blocked: the P * NB diagonal 16x16 blocks of Xd inverted, in place (fp32, C == 16), or into
-        their blocks of Ts (fp16) where Ts is given. Lane (b, u) owns columns t = COLS u + j, j < COLS, of block b
-        (BLOCK / COLS lanes a block) and forms them down the rows in registers, X_rt = delta_rt - sum_m<r L_rm X_mt:
-        an entry of L a lane reads serves its COLS columns, so a warp's 16-byte read of L (a wavefront a quarter
-        warp, whose lanes share one block) serves 32 COLS / BLOCK blocks. L is read only, and no lane writes before
-        all have read it: one barrier, not one a row."""
+    def forward_substitution(Xd, col, bcol, Ts, out_s, beta_s, tx):
+        """Level 0, blocked: the P * NB diagonal 16x16 blocks of Xd inverted into their blocks of out_s (as staged)
+        and, at C >= 32, of Ts (fp16), each rounded once from fp32. Lane (b, u) owns columns t = COLS u + j,
+        j < COLS, of block b (BLOCK / COLS lanes a block) and forms them down the rows in registers,
+        X_rt = delta_rt - sum_m<r L_rm X_mt: an entry of L a lane reads serves its COLS columns, so a warp's 16-byte
+        read of L (a wavefront a quarter warp, whose lanes share one block) serves 32 COLS / BLOCK blocks."""
         lanes = BLOCK // COLS * P * NB
         b = tx // (BLOCK // COLS) % (P * NB)
         t = tx % (BLOCK // COLS) * COLS
+        p, i0 = b // NB, b % NB * BLOCK  # the block's head and first tile row
         lane = tx < (lanes + 31) // 32 * 32  # whole warps (the rest of the last repeats its blocks)
         if lane:
             for r in T.unroll(BLOCK):
@@ -178,84 +179,68 @@ def tile_inverse(C: int, P: int, method: str, scaled: bool = False):
                 for m in T.unroll(r):
                     for j in T.unroll(COLS):
                         col[j, r] -= Xd[b, r, m] * col[j, m]
-        if lane:
+            for j in T.unroll(COLS):
+                bcol[j] = beta_s[p, i0 + t + j] if scaled else 1.0
             for r in T.unroll(BLOCK):
-                for j in T.unroll(COLS):
-                    if Ts is not None:
-                        Ts[b // NB, b % NB * BLOCK + r, b % NB * BLOCK + t + j] = T.cast(col[j, r], "float16")
-                    else:
-                        Xd[b, r, t + j] = col[j, r]
+                for j in T.vectorized(COLS):
+                    out_s[i0 + r, p, i0 % C + t + j] = T.cast(col[j, r] * bcol[j], out_s.dtype)
+                if C >= 32:
+                    for j in T.vectorized(COLS):
+                        Ts[p, i0 + r, i0 + t + j] = T.cast(col[j, r], "float16")
 
     @T.macro
-    def level0(inv, tx):
-        """The P * NB diagonal 16x16 blocks inverted: into Ts's diagonal blocks (fp16) at C >= 32, in Xd (fp32) at
-        C == 16."""
+    def level0(inv, out_s, beta_s, tx):
+        """The P * NB diagonal 16x16 blocks inverted, into their blocks of out_s and, at C >= 32, of Ts."""
         if method == "blocked":
-            forward_substitution(inv.Xd, inv.col, inv.Ts, tx)
+            forward_substitution(inv.Xd, inv.col, inv.bcol, inv.Ts, out_s, beta_s, tx)
         else:
             for p in T.unroll(P):
                 neumann_blocks(p, inv.Xd, inv.Q_a, inv.Q_b, inv.X_a, inv.F)
-            if C >= 32:
-                for p, b, r, c in T.Parallel(P, NB, BLOCK, BLOCK):
+            for p, b, r, c in T.Parallel(P, NB, BLOCK, BLOCK):
+                out_s[b * BLOCK + r, p, (b * BLOCK + c) % C] = column(inv.Xd[p * NB + b, r, c], beta_s, p,
+                                                                      b * BLOCK + c)
+                if C >= 32:
                     inv.Ts[p, b * BLOCK + r, b * BLOCK + c] = T.cast(inv.Xd[p * NB + b, r, c], "float16")
 
     @T.macro
-    def level1_warp(w, Ts, W):
+    def level1_warp(w, Ts, W, out_s, beta_s):
         """Warp w's level-1 coupling (head w // 2, 32 half w % 2): X_10 = (X_11 (-L_10)) X_00 over Ts's 16x16
-        blocks, into Ts in place of -L_10."""
+        blocks, into its block of out_s and, where level 2 reads it (C == 64), into Ts in place of -L_10."""
         p, h = w // 2, w % 2 * 32
         T.gemm(Ts[p, h + BLOCK : h + 32, h + BLOCK : h + 32], Ts[p, h + BLOCK : h + 32, h : h + BLOCK], W.F1[w],
                clear_accum=True)
         T.copy(W.F1[w], W.H1[w])
         T.gemm(W.H1[w], Ts[p, h : h + BLOCK, h : h + BLOCK], W.F1[w], clear_accum=True)
-        T.copy(W.F1[w], Ts[p, h + BLOCK : h + 32, h : h + BLOCK])
+        for r, c in T.Parallel(BLOCK, BLOCK):
+            out_s[h + BLOCK + r, p, (h + c) % C] = column(W.F1[w][r, c], beta_s, p, h + c)
+        if C == 64:
+            T.copy(W.F1[w], Ts[p, h + BLOCK : h + 32, h : h + BLOCK])
 
     @T.macro
-    def level1(Ts, W, tx):
+    def level1(Ts, W, out_s, beta_s, tx):
         """Level 1 of warps 0 to 2 P - 1 (warp w = 2 p + x), each in a branch of its own thread range."""
         if tx < 32:
-            level1_warp(0, Ts, W)
+            level1_warp(0, Ts, W, out_s, beta_s)
         elif tx < 64:
-            level1_warp(1, Ts, W)
+            level1_warp(1, Ts, W, out_s, beta_s)
         elif tx < 96:
             if P == 2:
-                level1_warp(2, Ts, W)
+                level1_warp(2, Ts, W, out_s, beta_s)
         else:
             if P == 2:
-                level1_warp(3, Ts, W)
-
-    @T.macro
-    def assemble(Ts, bq, out_s, beta_s, tx):
-        """The block-diagonal inverse from Ts, row i keeping the C columns of its own chunk: zeros in the blocks
-        above the diagonal, Ts's entries in the others; level 2's block (rows 32 on, columns below 32 at C == 64)
-        is the caller's. Thread tx keeps four neighbouring columns j0 to j0 + 3 of head p, their column factors
-        (scaled) read once, and takes them down `rows`-row steps of the tile."""
-        quads = P * C // 4
-        rows = THREADS // quads
-        p = tx % quads // (C // 4)
-        j0 = tx % (C // 4) * 4
-        if scaled:
-            for h in T.unroll(TILE // C):
-                for c in T.vectorized(4):
-                    bq[h, c] = beta_s[p, h * C + j0 + c]
-        for step in T.unroll(TILE // rows):
-            i = step * rows + tx // quads
-            h = step * rows // C  # the chunk of the step's rows
-            if C == 32 or step * rows < 32 or j0 >= 32:
-                for c in T.vectorized(4):
-                    out_s[i, p, j0 + c] = T.if_then_else(
-                        i % C // BLOCK < j0 // BLOCK, T.cast(0, out_s.dtype),
-                        T.cast(T.cast(Ts[p, i, h * C + j0 + c], ACC) * (bq[h, c] if scaled else 1.0), out_s.dtype))
+                level1_warp(3, Ts, W, out_s, beta_s)
 
     @T.macro
     def invert(inv, out_s, beta_s, tx):
-        level0(inv, tx)
-        if C == BLOCK:  # one block a chunk: level 0's blocks are the inverse
-            for p, b, r, c in T.Parallel(P, NB, BLOCK, BLOCK):
-                out_s[b * BLOCK + r, p, c] = column(inv.Xd[p * NB + b, r, c], beta_s, p, b * BLOCK + c)
-        else:
-            level1(inv.Ts, inv.warps, tx)
-            assemble(inv.Ts, inv.bq, out_s, beta_s, tx)
+        # zeros in each chunk's blocks above the diagonal, four columns a store; the levels stage the rest
+        if C >= 32:
+            for p, i, q in T.Parallel(P, TILE, C // 4):
+                if i % C // BLOCK < q * 4 // BLOCK:
+                    for c in T.vectorized(4):
+                        out_s[i, p, q * 4 + c] = T.cast(0, out_s.dtype)
+        level0(inv, out_s, beta_s, tx)
+        if C >= 32:
+            level1(inv.Ts, inv.warps, out_s, beta_s, tx)
         if C == 64:  # level 2: X_10 = (X_11 (-M_10)) X_00 between the two 32 halves
             for p in T.unroll(P):
                 T.gemm(inv.Ts[p, 32:TILE, 32:TILE], inv.Ts[p, 32:TILE, 0:32], inv.F32, clear_accum=True)
