@@ -121,7 +121,7 @@ def tile_inverse(C: int, P: int, method: str, scaled: bool = False):
 
     On entry Xd holds I + L_bb of the diagonal blocks and, at C >= 32, Ts holds -L_10 of each 32 half and -M_10 in
     their blocks (C == 64: blocks (0, 1) and (2, 3), which level 2's X_00 and X_11 span, zero). Each level stages
-    its own blocks of out_s from fp32 (the blocks above each chunk's diagonal are zero-filled, 16 bytes a store) and
+    its own blocks of out_s from fp32 (the blocks above each chunk's diagonal are zero-filled, four columns a store) and
     leaves in the fp16 tile Ts what a later level reads, so every operand is read where it lies: level 0 its X_b
     in Ts's diagonal blocks. Level 1: warp w = 2 p + x forms X_10 = (X_11 (-L_10)) X_00 of head p's 32 half x as
     two chained mma.sync products, the first result kept in registers as the second's left operand (fp16 operands,
