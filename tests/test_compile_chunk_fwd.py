@@ -78,6 +78,10 @@ CASES = [
     ("ws_warm_full", "scalar", True, 64, "float16", "float32", (True, True, False)),
     ("ws_warm_full", "scalar", True, 128, "bfloat16", "float32", (True, False, True)),  # GDN's, transposed chains
     ("ws_warm_half", "scalar", True, 128, "bfloat16", "float32", (True, False, True)),
+    # GDN's pass with the output folded into its two chain groups (make_plan's fold)
+    ("ws_fold_full", "scalar", True, 128, "bfloat16", "float32", FLAGS[0]),
+    ("ws_fold_full", "scalar", True, 128, "float16", "float16", FLAGS[1]),
+    ("ws_fold_full", "scalar", True, 128, "bfloat16", "float32", FLAGS[3]),
     ("chunk_fwd", "scalar", True, 128, "float16", "float16", FLAGS[0]),  # GDN with a half-precision beta
     ("chunk_fwd", "scalar", True, 256, "bfloat16", "float32", FLAGS[0]),
     ("chunk_fwd", "scalar", True, 256, "float16", "float32", FLAGS[1]),
@@ -116,7 +120,8 @@ def _lower(case):
         split = kind.startswith(("ws_split", "ws_warmsplit"))
         V = 2 * K if split and delta else K  # the transitions' [V | 0] value with the delta rule
         func = builder(K, V, K**-0.5, gate, delta, dtype, beta_dtype or "float32", *flags,
-                       K // DV_FRACTION[kind.rsplit("_", 1)[1]], not split, kind.startswith("ws_warm"))
+                       K // DV_FRACTION[kind.rsplit("_", 1)[1]], not split, kind.startswith("ws_warm"),
+                       kind.startswith("ws_fold"))
     else:
         builder = linear_attn_seq_in_grid_kernel
         func = builder(H, HV, K, K, K**-0.5, dtype, *flags)
@@ -149,8 +154,8 @@ def test_compiles_for_sm90a(compiled, case):
     assert smem <= SMEM_LIMIT, f"{smem} bytes of shared memory"
     kind, gate, delta, K, *_ = case
     # the transposed chain groups (chunk_fwd_ws.WsConfig.transposed): each product's left operand from registers
-    transposed = kind in ("ws_full", "ws_half", "ws_warm_full", "ws_warm_half") and delta and gate != "channel" \
-        and K == 128
+    transposed = kind in ("ws_full", "ws_half", "ws_warm_full", "ws_warm_half", "ws_fold_full") and delta \
+        and gate != "channel" and K == 128
     assert ("wgmma_rs" in source) == transposed
     if kind.startswith("ws"):  # launch.GUARDED: no per-access bounds tests (e.g. of the batch index against B)
         assert not re.search(r"\(bb(_\d+)? < B\)", source)
@@ -160,3 +165,6 @@ def test_compiles_for_sm90a(compiled, case):
         # the warm-up's transitions form the table's rows: the segment's sequence counted, an unbounded segment found
         assert ("__syncthreads_count(" in source and "__syncthreads_or(" in source) == kind.startswith("ws_warmsplit")
         assert ("tl::tma_store(o_desc" in source) == (delta and gate != "channel" and outputs and block_DV in (64, 128))
+        # folded: the chain groups wait for the scores group's P ("scored"); no S_s or Vnew_s hand-over
+        assert ("scored[" in source) == kind.startswith("ws_fold")
+        assert ("S_ready[" in source) != (kind.startswith("ws_fold") or not delta and not outputs)

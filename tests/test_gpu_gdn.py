@@ -47,7 +47,7 @@ def ut_operand(plan, k, beta, gc, cu):
 
 
 def run_case(B, T, H, HV, K, dtype=torch.bfloat16, beta_dtype=torch.float32, gate="mixed", cu_seqlens=None,
-             use_h0=True, store_ht=True, seed=0, kernel="auto", segment_chunks=None, block_DV=None):
+             use_h0=True, store_ht=True, seed=0, kernel="auto", segment_chunks=None, block_DV=None, fold=False):
     N = B if cu_seqlens is None else len(cu_seqlens) - 1
     q, k, v, g, beta, h0 = make_inputs(B, T, H, HV, K, dtype, beta_dtype, gate, seed)
     h0 = h0[:1].expand(N, -1, -1, -1).contiguous() if use_h0 else None
@@ -60,7 +60,7 @@ def run_case(B, T, H, HV, K, dtype=torch.bfloat16, beta_dtype=torch.float32, gat
     h0 = None if h0 is None else h0.float().cuda()
     plan = hopper.plan_call(qd, vd, gcd, betad, scale, gate="scalar", lengths=lengths, initial_state=h0 is not None,
                             output_final_state=store_ht, varlen=cu is not None, g_input="cumsum", kernel=kernel,
-                            block_DV=block_DV,
+                            block_DV=block_DV, fold=fold,
                             split=None if segment_chunks is None else SegmentPlan.of(lengths, segment_chunks))
     A = ut_operand(plan, k, beta, gc, cu).to(dtype).cuda()
     o, ht = hopper.forward(plan, qd, kd, vd, gcd, betad, h0, None if cu is None else cu.cuda(), A=A)
@@ -128,6 +128,20 @@ BLOCK_CASES = [(name, block) for name in ("varlen_128", "dense_64", "varlen_128_
 @pytest.mark.parametrize("name,block_DV", BLOCK_CASES, ids=[f"{n}-DV{b}" for n, b in BLOCK_CASES])
 def test_gdn_forward_every_dv_block(name, block_DV):
     err_o, err_s = run_case(**CASES[name], kernel="ws", block_DV=block_DV)
+    assert err_o < TOL, f"o rel L2 {err_o:.3e}"
+    assert err_s < TOL, f"final state rel L2 {err_s:.3e}"
+
+
+FOLD_CASES = {name: CASES[name] for name in ("dense_128_gva2", "dense_128_gva1_fp16", "dense_128_gva4_no_h0",
+                                             "varlen_128", "varlen_128_fp16_fp16beta", "varlen_128_72ctas")}
+FOLD_CASES["dense_128_long_decay"] = dict(B=1, T=1000, H=1, HV=2, K=128, gate="decay")  # 16 chunks: the rings wrap
+
+
+@pytest.mark.parametrize("name", list(FOLD_CASES))
+def test_gdn_forward_folded_matches_reference(name):
+    """The pass with the output folded into its two chain groups (make_plan's fold): each chain group forms and
+    stores its columns' output, the scores group P, through three input slots."""
+    err_o, err_s = run_case(**FOLD_CASES[name], fold=True)
     assert err_o < TOL, f"o rel L2 {err_o:.3e}"
     assert err_s < TOL, f"final state rel L2 {err_s:.3e}"
 

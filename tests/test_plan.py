@@ -329,3 +329,21 @@ def test_pipeline_needs_gla_factors_and_one_sequence():
     with pytest.raises(ValueError, match="got 2 sequences"):
         _plan(pipeline=(0, 64, 128), gate="channel", gate_dtype="bfloat16", lengths=[64, 64], tokens=128,
               varlen=True)
+
+
+def test_fold_takes_the_unsplit_pass_at_dv_128():
+    """fold: GDN's pass at DV block 128 with the output folded into its chain groups (a fourth tile, True), unsplit
+    where the split would cut (one long sequence on few heads), kkt_solve before it as in the shipped plan."""
+    long = dict(H=2, HV=8, lengths=[32768], tokens=32768)
+    assert _plan(**long).split is not None
+    plan = _plan(**long, fold=True)
+    (cfg,) = plan.passes
+    assert plan.split is None and cfg.tiles == (128, True, False, True) and cfg.block_DV == 128
+    assert cfg.args[-4:] == (128, True, False, True) and plan.kkt == _plan(**long).kkt
+
+
+@pytest.mark.parametrize("kwargs", [dict(gate="none"), dict(kernel="loop"), dict(block_DV=64),
+                                    dict(outputs=False), dict(split=SegmentPlan.of([64], 1)), dict(K=64, V=64)])
+def test_fold_is_for_gdns_unsplit_pass_at_dv_128(kwargs):
+    with pytest.raises(ValueError, match="fold: the output folds into the chain groups of GDN's unsplit"):
+        _plan(**kwargs, fold=True)

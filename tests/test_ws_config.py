@@ -90,3 +90,37 @@ def test_the_warm_up_serves_the_scalar_gate_only():
     with pytest.raises(ValueError, match="warm-up serves the scalar gate"):
         chunk_fwd_ws.chunk_fwd_ws_kernel(128, 128, 128**-0.5, "channel", True, is_varlen=True, block_DV=64,
                                          warmup=True)
+
+
+def test_folded_pass_hands_over_through_the_input_slots_only():
+    """Folded (the output formed by the two chain groups): no S_s, Vnew_s or output-group P_s; the scores in an input
+    slot buffer of their own beside each chain group's O staging, three input slots, released by the chain groups
+    alone (the scores group's reads end before their wait for its "scored"); the four groups' registers after
+    setmaxnreg sum to the 512 (65536 over the launch's 512 threads) a CTA has."""
+    cfg = chunk_fwd_ws.WsConfig.derive(128, 128, "scalar", True, 128, True, folded=True)
+    assert cfg.folded and cfg.S_ring is None and cfg.Vn_ring is None and cfg.Vd_ring is None
+    shapes = {buffer.name: buffer.shape for buffer in cfg.shared}
+    C = chunk_fwd_ws.CHUNK
+    assert "S_s" not in shapes and "Vn_s" not in shapes
+    assert shapes["P_s"] == (3, C, C) and shapes["O_s"] == (2, C, 64)
+    assert cfg.stages == 3 and cfg.inputs.readers == 2 * chunk_fwd_ws.GROUP
+    assert sum(buffer.bytes for buffer in cfg.shared) <= chunk_fwd_ws.SHARED_BYTES
+    assert 2 * chunk_fwd_ws.FOLDED_CHAIN_REGS + chunk_fwd_ws.SCORES_REGS + chunk_fwd_ws.FOLDED_LOAD_REGS == 512
+
+
+@pytest.mark.parametrize("K,gate,delta,block_DV,store_output", [
+    (128, "scalar", True, 64, True),  # one chain group
+    (64, "scalar", True, 64, True),  # halves of 32 columns, untransposed
+    (128, "channel", True, 64, True),  # KDA: no chain groups
+    (128, "scalar", False, 128, True),  # the plain update
+    (128, "scalar", True, 128, False),  # no output to fold
+])
+def test_folding_needs_two_transposed_chain_groups(K, gate, delta, block_DV, store_output):
+    with pytest.raises(ValueError, match="folded: the output folds into two transposed chain groups"):
+        chunk_fwd_ws.WsConfig.derive(K, K, gate, delta, block_DV, store_output, folded=True)
+
+
+def test_the_folded_pass_takes_no_warm_up():
+    with pytest.raises(ValueError, match="folded: the output folds into the chain groups of the unsplit pass"):
+        chunk_fwd_ws.chunk_fwd_ws_kernel(128, 128, 128**-0.5, "scalar", True, is_varlen=True, block_DV=128,
+                                         warmup=True, folded=True)

@@ -173,10 +173,9 @@ def compile_one(job: Job) -> Result:
                 K, gate, delta, dtype, beta_dtype, flags, chunk = job.config
                 V, tiles = K, loop_tiles(K, gate, delta, dtype, chunk)
             else:
-                K, V, gate, delta, dtype, beta_dtype, flags, block_DV, store_output, warmup = job.config
-                tiles = (block_DV, store_output, warmup)
+                K, V, gate, delta, dtype, beta_dtype, flags, *tiles = job.config  # PassConfig's ws tiles
             kernel = "loop" if job.kind == "chunk_fwd" else "ws"
-            cfg = PassConfig(kernel, K, V, float(K) ** -0.5, gate, delta, dtype, beta_dtype, *flags, tiles)
+            cfg = PassConfig(kernel, K, V, float(K) ** -0.5, gate, delta, dtype, beta_dtype, *flags, tuple(tiles))
             launch.compiled(launch.STATE_PASSES[kernel], *cfg.args, warp_specialized=True)
         else:
             builder = {"kkt": launch.kkt_solve_kernel, "cumsum": launch.chunk_local_cumsum_kernel,

@@ -35,7 +35,7 @@ producer, state and value the mainloop, output the epilogue):
     output  (threads 256-383)  P = Q K^T (before S is ready; loaded with a per-channel gate), Q S, O = ... + P Vnew,
                                stores O (of the odd chunks where the value group takes the even ones; the delta
                                rule's whole chunks through shared memory and TMA, WsConfig.tma_output); without
-                               output: idle
+                               output: idle; folded (WsConfig.folded): only P, into the input slot ("scored")
     chain   (threads 0-255)    the delta rule with output under a scalar gate or none at DV block K, or 64 at K =
                                128 (WsConfig.chains; GDN's and delta_rule's passes, the split's outputs pass
                                included): in place of state and value, one group per 64 columns of the block (two
@@ -43,7 +43,7 @@ producer, state and value the mainloop, output the epilogue):
                                columns (each chain is independent of the other); at 64 columns transposed (S^T, X^T,
                                Vnew^T in registers: the recurrence's products take their left operand from
                                registers, K and Ab from shared memory; WsConfig.transposed); one chain group leaves
-                               the value group's warps idle
+                               the value group's warps idle; folded, each also forms and stores its columns' O
     load    (threads 384-511)  TMA warp: q (for the output), k, v, A (delta rule), P and Kg (per-channel gate);
                                gate warp: gc (or the chunk's D)
                                loaded GATE_AHEAD chunks ahead into registers, written with exp(gc), exp(gc_last - gc)
@@ -62,6 +62,7 @@ chunk c waits parity (c // n + 1) % 2, which a fresh barrier passes: the first n
                          (none with chain groups: each writes Vd over its X and reads it back, or holds Vd^T)
     Vn_ready / Vn_read   value -> output (and state)     Vnew_s (delta rule)        2 to block_DV = 64, 1 above,
                          (the chain groups -> output)                               2 with chain groups
+    scored               output -> the chain groups      P_s (folded: the scores)   the input slots'
 The recurrence's critical path is S_s -> K S -> Ab X -> K^T Vd -> S_s (S_s -> Kg S -> Ab (-Kg S) -> K^T Vnew -> S_s
 under the per-channel gate; S^T -> S^T K^T -> X^T Ab^T -> Vd^T K -> S^T in registers in the transposed chain groups,
 with S_s and Vnew_s written beside it, holding S^T and Vnew^T). P = Q K^T, Q S, P Vnew and the store run
@@ -132,8 +133,14 @@ LOAD_REGS = 56
 CHAIN_REGS = 160
 SOLE_CHAIN_REGS = 200
 CHAIN_OUTPUT_REGS = 136
+# with the output folded into the two chain groups (WsConfig.folded), 208 + 208 + 56 + 40: each chain group holds
+# (Q S)^T and O^T where (K S)^T was, with S^T's 16-bit copy live until (Q S)^T is issued (at 200 ptxas serialises its
+# products and spills); the scores group half of P's columns at a time; the gate warp one chunk's gate loads
+FOLDED_CHAIN_REGS = 208
+SCORES_REGS = 56
+FOLDED_LOAD_REGS = 40
 SHARED_BYTES = 226 * 1024  # of the 227 KiB a CTA may take, 1 KiB left for barriers and alignment
-GATE_AHEAD = 2  # chunks whose gate loads (gc, D) the gate warp keeps in flight
+GATE_AHEAD = 2  # chunks whose gate loads (gc, D) the gate warp keeps in flight; one folded (its 40 registers)
 
 
 @dataclass(frozen=True)
@@ -226,6 +233,12 @@ class WsConfig:
     through shared memory and TMA (its first 64 columns staged in P_s, which P Vnew has read, the rest in O_s),
     in place of 32 four-byte stores a thread; a sequence's last chunk, cut by its end, keeps the stores tested row
     by row (a TMA store would write the next sequence's rows)."""
+    folded: bool
+    """The output folded into the two transposed chain groups (GDN's and delta_rule's pass at K = block_DV = 128):
+    each forms its columns' O^T = scale exp(gc) ⊙ (S^T Q^T) + Vnew^T P^T from the S^T and Vnew^T it holds in
+    registers and stores it through its own O_s and TMA; the output group's warps form only the scores P = Q K^T
+    (causal, exp(gc_i - gc_j)) into the input slot's P_s, marked "scored". Nothing but the input slots crosses groups
+    (no S_s, no Vnew_s), which leaves shared memory for three input slots."""
     vnew_is_vd: bool
     """The per-channel delta rule: Vd = Vnew (the decay is in Kd, and Vnew's rows past the sequence end are zero:
     so are Ab's and Kg's there), so the state group adds K^T Vnew from Vnew_s, which the output group reads too;
@@ -262,7 +275,8 @@ class WsConfig:
         return tuple(ring for ring in (self.inputs, self.S_ring, self.Vd_ring, self.Vn_ring) if ring is not None)
 
     @classmethod
-    def derive(cls, K: int, V: int, gate: str, delta: bool, block_DV: int, store_output: bool) -> "WsConfig":
+    def derive(cls, K: int, V: int, gate: str, delta: bool, block_DV: int, store_output: bool,
+               folded: bool = False) -> "WsConfig":
         """The configuration of chunk_fwd_ws_kernel's arguments of the same names (V only sets NV)."""
         if gate not in GATES:
             raise ValueError(f"gate: one of {GATES}, got {gate!r}")
@@ -276,15 +290,20 @@ class WsConfig:
         chained = delta and not channel and store_output
         chains = 2 if chained and block_DV == K else 1 if chained and (K, block_DV) == (128, 64) else 0
         transposed = chains > 0 and block_DV // chains == 64
+        if folded and not (chains == 2 and transposed and tma_output):
+            raise ValueError(f"folded: the output folds into two transposed chain groups (the delta rule with output "
+                             f"under a scalar gate or none at K = block_DV = 128), got K={K}, block_DV={block_DV}, "
+                             f"gate {gate!r}, delta rule {delta}, store_output={store_output}")
         value_writes_vd = not two_output_groups and not kv_from_inputs and not chains
         writers = chains * GROUP if chains else GROUP  # of S_s and Vnew_s
         # warp groups reading S_s: the output group, and the value group unless it is a chain group
-        S_readers = 1 if two_output_groups or chains else int(delta) + int(store_output)
+        S_readers = 0 if folded else 1 if two_output_groups or chains else int(delta) + int(store_output)
         Vd_slots, Vn_slots = vd_slots(delta), 2 if block_DV <= 64 or chains else 1
         S_ring = Ring("S_ready", "S_read", 2, writers, S_readers * GROUP) if S_readers else None
         Vd_ring = None if kv_from_inputs or vnew_is_vd or chains else Ring(
             "Vd_ready", "Vd_read", Vd_slots, 64 if vd_writers else GROUP, GROUP)
-        Vn_readers = int(store_output) + int(vnew_is_vd)  # the output group; the state group under vnew_is_vd
+        # the output group (not folded); the state group under vnew_is_vd
+        Vn_readers = int(store_output and not folded) + int(vnew_is_vd)
         Vn_ring = Ring("Vn_ready", "Vn_read", Vn_slots, writers, Vn_readers * GROUP) if delta and Vn_readers else None
         slot = [buffer for buffer, used in (  # one input slot of each: q, k, Kg, v, gc, exp(gc), ed, A, P, D
             (Shared("q_s", (C, K)), store_output),
@@ -297,14 +316,16 @@ class WsConfig:
             # the sequence end
             (Shared("A_s", (C, C)), delta),  # Ab = A diag(beta): kkt_solve's (scaled) or gla_factors'
             (Shared("Pg_s", (C, C)), channel and store_output),  # the per-channel gate's scores P (gla_factors)
+            (Shared("P_s", (C, C)), folded),  # the scores P, formed in the pass for the folded chain groups
             (Shared("d_s", (K,), fp32=True), channel),  # D = exp(gc_last) per key channel
         ) if used]
         fixed = [buffer for buffer, used in (
             (Shared("Vn_s", (Vn_slots, *((block_DV, C) if transposed else (C, block_DV)))), Vn_ring is not None),
             (Shared("S_s", (2, *((block_DV, K) if transposed else (K, block_DV)))), S_ring is not None),
             (Shared("Vd_s", (Vd_slots, C, block_DV)), Vd_ring is not None),
-            (Shared("P_s", (2, C, C) if two_output_groups else (C, C)), store_output and not channel),
-            (Shared("O_s", (C, block_DV - C)), tma_output and block_DV > C),  # O's columns past P_s's
+            (Shared("P_s", (2, C, C) if two_output_groups else (C, C)), store_output and not channel and not folded),
+            (Shared("O_s", (C, block_DV - C)), tma_output and block_DV > C and not folded),  # O's columns past P_s's
+            (Shared("O_s", (chains, C, block_DV // max(chains, 1))), folded),  # each folded chain group's O
         ) if used]
         free = SHARED_BYTES - sum(b.bytes for b in fixed)
         stages = min(3 if delta else 4, free // sum(b.bytes for b in slot))
@@ -316,9 +337,11 @@ class WsConfig:
             K=K, V=V, gate=gate, delta=delta, block_DV=block_DV, store_output=store_output, NV=V // block_DV,
             scalar=scalar, channel=channel, two_output_groups=two_output_groups, kv_from_inputs=kv_from_inputs,
             vd_writers=vd_writers, value_writes_vd=value_writes_vd, chains=chains, transposed=transposed,
-            tma_output=tma_output, vnew_is_vd=vnew_is_vd,
-            inputs=Ring("loaded", "consumed", stages, 64,  # readers: state and value, or the chain groups; output
-                        GROUP * ((chains or 1 + int(value_writes_vd)) + int(store_output))
+            tma_output=tma_output, folded=folded, vnew_is_vd=vnew_is_vd,
+            # readers: state and value, or the chain groups; output (not folded: the scores group's reads end
+            # before the chain groups' release, which waits for its "scored")
+            inputs=Ring("loaded", "consumed", stages, 64,
+                        GROUP * ((chains or 1 + int(value_writes_vd)) + int(store_output and not folded))
                         + 64 * int(vd_writers)),
             S_ring=S_ring, Vd_ring=Vd_ring, Vn_ring=Vn_ring,
             shared=tuple(Shared(b.name, (stages, *b.shape), b.fp32) for b in slot) + tuple(fixed),
@@ -327,7 +350,8 @@ class WsConfig:
 
 def allocate_shared(cfg: WsConfig, dtype: str) -> SimpleNamespace:
     """Allocate cfg.shared in its order, each buffer under its name (in dtype, or fp32), then the rings' barriers
-    under theirs, inside the kernel being built; their namespace (smem.q_s, smem.loaded, ...)."""
+    under theirs (and cfg.folded's "scored"), inside the kernel being built; their namespace (smem.q_s, smem.loaded,
+    ...)."""
     smem = {buffer.name: IRBuilder.name(buffer.name, T.alloc_shared(buffer.shape, "float32" if buffer.fp32 else dtype))
             for buffer in cfg.shared}
     for ring in cfg.rings:
@@ -337,6 +361,8 @@ def allocate_shared(cfg: WsConfig, dtype: str) -> SimpleNamespace:
         landed = [32] * ring.slots if ring is cfg.inputs else []
         smem[ring.ready] = IRBuilder.name(ring.ready, T.alloc_barrier([ring.writers] * ring.slots + landed))
         smem[ring.free] = IRBuilder.name(ring.free, T.alloc_barrier([ring.readers] * ring.slots))
+    if cfg.folded:  # per input slot: the scores group has written the chunk's P_s
+        smem["scored"] = IRBuilder.name("scored", T.alloc_barrier([GROUP] * cfg.inputs.slots))
     return SimpleNamespace(**smem)
 
 
@@ -354,6 +380,7 @@ def chunk_fwd_ws_kernel(
     block_DV=128,
     store_output=True,
     warmup=False,
+    folded=False,
 ):
     """Build the warp-specialised state/output pass for static head sizes (K in {64, 128}; V = K, or 2K for the
     sequence split's delta-rule transitions: the state alone from [0 | I] with the value [v | 0], v of K columns, both
@@ -370,7 +397,9 @@ def chunk_fwd_ws_kernel(
     initial state h_init[-2 - warm[1]] where below), stores o from the segment's first row and its final state at
     ht[warm[2]] (a sequence's at its last segment; the others' all at one row no one reads); without output (the
     transitions) each CTA first forms its segment's row of the table (warmup.py, from first, max_chunks and
-    initial) and runs no chunk where the row's w is not -1 (its entering state comes from the warm-up)."""
+    initial) and runs no chunk where the row's w is not -1 (its entering state comes from the warm-up).
+    folded: the output formed by the two chain groups (WsConfig.folded; GDN and delta_rule at K = block_DV = 128,
+    without the warm-up)."""
     if warmup and not is_varlen:
         raise ValueError("warmup: the warm-up table indexes the split's segments, a varlen layout; got is_varlen=False")
     if warmup and gate == "channel":  # D's tile slots are the segments'; a warm-up would read them shifted
@@ -379,7 +408,9 @@ def chunk_fwd_ws_kernel(
     if extended and (store_output or use_initial_state or not delta):
         raise ValueError(f"V: 2K is the delta rule's transitions (the state alone from [0 | I] formed here), got "
                          f"store_output={store_output}, use_initial_state={use_initial_state}, delta={delta}")
-    cfg = WsConfig.derive(K, V, gate, delta, block_DV, store_output)
+    if warmup and folded:
+        raise ValueError("folded: the output folds into the chain groups of the unsplit pass, got warmup=True")
+    cfg = WsConfig.derive(K, V, gate, delta, block_DV, store_output, folded)
     C, accum = CHUNK, "float32"
     scalar, channel = cfg.scalar, cfg.channel
     inputs, S_ring, Vd_ring, Vn_ring = cfg.inputs, cfg.S_ring, cfg.Vd_ring, cfg.Vn_ring
@@ -542,7 +573,47 @@ def chunk_fwd_ws_kernel(
             T.barrier_arrive(smem.consumed[slot])
 
     @T.macro
-    def chain_group(smem, cta, j0, S_f, X_f, Vn_f, S16, X16, Vd16, h0, ht, h_init):
+    def folded_chunk(smem, cta, c, slot, j0, S_f, X_f, Vn_f, S16, X16, Vd16, decay, o):
+        """One chunk of a folded chain group (cfg.folded): the transposed recurrence, and beside it its columns'
+        O^T = scale exp(gc) ⊙ (S^T Q^T) + Vnew^T P^T from the same register operands, accumulated in X_f once X^T
+        has left it ((Q S)^T issued after Vnew^T's product, Vnew^T P^T with Vnew^T in X16 after the scores group's
+        "scored"), stored through its O_s by TMA (a sequence's last chunk cut by its end row by row)."""
+        cols = block_DV // cfg.chains
+        T.tma_store_wait()  # the chunk before's O has left O_s (the group's barrier before O_s's stores follows)
+        T.copy(S_f, S16)
+        T.gemm(S16, smem.k_s[slot, :, :], X_f, transpose_B=True, clear_accum=True)
+        T.wgmma_gemm(smem.v_s[slot, :, j0 : j0 + cols], smem.A_s[slot, :, :], Vn_f, transpose_A=True,
+                     transpose_B=True, clear_accum=True)  # U^T, while X^T is formed
+        correction(smem, slot, X_f, j0, cols, X16)
+        T.wgmma_gemm(X16, smem.A_s[slot, :, :], Vn_f, transpose_B=True)
+        T.wgmma_gemm(S16, smem.q_s[slot, :, :], X_f, transpose_B=True, clear_accum=True)  # (Q S)^T
+        if scalar:
+            scalar_decay(smem, slot, decay, S_f)
+        T.wait_wgmma(0)
+        for j, i in T.Parallel(cols, C):
+            Vd16[j, i] = T.cast(smem.ed_s[slot, i] * Vn_f[j, i], dtype)
+            X16[j, i] = T.cast(Vn_f[j, i], dtype)
+        T.wgmma_gemm(Vd16, smem.k_s[slot, :, :], S_f)
+        for j, i in T.Parallel(cols, C):
+            X_f[j, i] = X_f[j, i] * (scale * smem.eg_s[slot, i] if scalar else scale)
+        T.barrier_wait(smem.scored[slot], inputs.ready_parity(c))
+        T.wgmma_gemm(X16, smem.P_s[slot, :, :], X_f, transpose_B=True)
+        T.wait_wgmma(0)
+        T.barrier_arrive(smem.consumed[slot])  # the stores below read registers and O_s only
+        t0 = cta.t_start + c * C
+        n = j0 // cols
+        if t0 + C <= cta.t_end:  # a whole chunk of the sequence, through O_s and TMA
+            for j, i in T.Parallel(cols, C):
+                smem.O_s[n, i, j] = X_f[j, i]
+            T.fence_proxy_async()
+            T.tma_copy(smem.O_s[n, :, :], o[cta.bb, t0 : t0 + C, cta.bh, cta.v0 + j0 : cta.v0 + j0 + cols])
+        else:
+            for j, i in T.Parallel(cols, C):
+                if t0 + i < cta.t_end:
+                    o[cta.bb, t0 + i, cta.bh, cta.v0 + j0 + j] = X_f[j, i]
+
+    @T.macro
+    def chain_group(smem, cta, j0, S_f, X_f, Vn_f, S16, X16, Vd16, h0, ht, h_init, o):
         """The whole recurrence for columns j0 ... j0 + block_DV / chains of the DV block (cfg.chains): per chunk,
         S's 16-bit copy to its part of S_s, U = Ab V beside K S -> X = -exp(gc) K S -> Vnew = U + Ab X -> Vd =
         exp(gc_last - gc) Vnew, S <- exp(gc_last) S + K^T Vd; Vnew to its part of Vnew_s. V enters the chain only
@@ -550,15 +621,18 @@ def chunk_fwd_ws_kernel(
         Transposed (cfg.transposed; S_f, X_f, Vn_f hold S^T, (K S)^T, Vnew^T and S16, X16, Vd16 the 16-bit S^T,
         X^T, Vd^T): (K S)^T = S^T K^T, then U^T = V^T Ab^T issued while X^T is formed, Vnew^T = U^T + X^T Ab^T,
         S^T <- exp(gc_last) S^T + Vd^T K, the chain's products taking their left operand from registers; S^T and
-        Vnew^T go to its rows of S_s and Vnew_s. Otherwise (S16, X16, Vd16 None) U is issued first, K S reads its
-        columns of S_s, and X and then Vd pass through its part of V in v_s (over V, once U has read it)."""
+        Vnew^T go to its rows of S_s and Vnew_s, or folded (cfg.folded) its columns' output is formed and stored
+        instead (folded_chunk). Otherwise (S16, X16, Vd16 None) U is issued first, K S reads its columns of S_s, and
+        X and then Vd pass through its part of V in v_s (over V, once U has read it)."""
         cols = block_DV // cfg.chains
         decay = T.alloc_local([1], accum)
         initial_state(cta, S_f, h0, h_init, cta.v0 + j0, cols)
         for c in T.serial(cta.n_chunks):
-            slot, s = inputs.slot(c), S_ring.slot(c)
+            slot = inputs.slot(c)
             T.barrier_wait(smem.loaded[slot], inputs.ready_parity(c))
-            if cfg.transposed:  # Vnew's hand-over and the decay while a product runs
+            if cfg.folded:
+                folded_chunk(smem, cta, c, slot, j0, S_f, X_f, Vn_f, S16, X16, Vd16, decay, o)
+            elif cfg.transposed:  # Vnew's hand-over and the decay while a product runs
                 T.copy(S_f, S16)
                 # before (K S)^T: a register operand is not to be read while its product runs (PTX), and nvcc
                 # would store S16's registers for S_f's identical copy
@@ -579,7 +653,8 @@ def chunk_fwd_ws_kernel(
             else:
                 T.wgmma_gemm(smem.A_s[slot, :, :], smem.v_s[slot, :, j0 : j0 + cols], Vn_f, clear_accum=True)  # U
                 publish(smem, S_ring, c, S_f, smem.S_s, j0, cols)
-                T.gemm(smem.k_s[slot, :, :], smem.S_s[s, :, j0 : j0 + cols], X_f, clear_accum=True)  # waits for U too
+                T.gemm(smem.k_s[slot, :, :], smem.S_s[S_ring.slot(c), :, j0 : j0 + cols], X_f,
+                       clear_accum=True)  # waits for U too
                 correction(smem, slot, X_f, j0, cols)
                 T.fence_proxy_async()
                 T.gemm(smem.A_s[slot, :, :], smem.v_s[slot, :, j0 : j0 + cols], Vn_f)
@@ -590,9 +665,40 @@ def chunk_fwd_ws_kernel(
                     scalar_decay(smem, slot, decay, S_f)
                 T.gemm(smem.k_s[slot, :, :], smem.v_s[slot, :, j0 : j0 + cols], S_f, transpose_A=True)
                 publish(smem, Vn_ring, c, Vn_f, smem.Vn_s, j0, cols)
-            T.barrier_arrive(smem.consumed[slot])
+            if not cfg.folded:  # (folded_chunk releases the slot before its stores)
+                T.barrier_arrive(smem.consumed[slot])
+        if cfg.folded:  # the last O's TMA store has read O_s before the CTA's shared memory goes
+            T.tma_store_wait()
         if store_final_state:
             final_state(cta, S_f, ht, cta.v0 + j0, cols)
+
+    @T.macro
+    def scores(smem, slot, P_f, P_s):
+        """P = scale tril_incl(exp(gc_i - gc_j) ⊙ Q K^T) of the input slot's chunk (no gate: scale tril_incl(Q K^T))
+        into P_s, in the inputs' dtype, by blocks of P_f's columns: a (C, C) P_s whole, or in halves (the folded
+        scores group's registers hold half of P's) into the slot's columns of the input slots' P_s."""
+        cols = P_f.shape[1]
+        for j0 in T.unroll(0, C, cols):
+            T.gemm(smem.q_s[slot, :, :], smem.k_s[slot, j0 : j0 + cols, :], P_f, transpose_B=True, clear_accum=True)
+            for i, j in T.Parallel(C, cols):
+                if scalar:
+                    P_f[i, j] = T.if_then_else(
+                        j0 + j <= i, P_f[i, j] * scale * exp_e(smem.g_s[slot, i] - smem.g_s[slot, j0 + j]), 0
+                    )
+                else:
+                    P_f[i, j] = T.if_then_else(j0 + j <= i, P_f[i, j] * scale, 0)
+            T.copy(P_f, P_s if cols == C else P_s[slot, :, j0 : j0 + cols])
+
+    @T.macro
+    def scores_group(smem, cta, P_f):
+        """Folded (cfg.folded): every chunk's scores P into its input slot's P_s for the chain groups' Vnew^T P^T,
+        marked "scored". The group does not release the slot: the chain groups do, after "scored"."""
+        for c in T.serial(cta.n_chunks):
+            slot = inputs.slot(c)
+            T.barrier_wait(smem.loaded[slot], inputs.ready_parity(c))
+            scores(smem, slot, P_f, smem.P_s)
+            T.fence_proxy_async()
+            T.barrier_arrive(smem.scored[slot])
 
     @T.macro
     def output_chunk(c, P_s, P_f, O_f, smem, o, bb, bh, v0, t_start, t_out, t_end):
@@ -608,15 +714,7 @@ def chunk_fwd_ws_kernel(
         if not channel and live:
             if cfg.tma_output:  # the chunk before's O has left P_s and O_s (the group's barrier before P_s's
                 T.tma_store_wait()  # stores follows: TileLang's, for P Vnew's read of P_s)
-            T.gemm(smem.q_s[slot, :, :], smem.k_s[slot, :, :], P_f, transpose_B=True, clear_accum=True)
-            for i, j in T.Parallel(C, C):
-                if scalar:
-                    P_f[i, j] = T.if_then_else(
-                        j <= i, P_f[i, j] * scale * exp_e(smem.g_s[slot, i] - smem.g_s[slot, j]), 0
-                    )
-                else:
-                    P_f[i, j] = T.if_then_else(j <= i, P_f[i, j] * scale, 0)
-            T.copy(P_f, P_s)
+            scores(smem, slot, P_f, P_s)
             T.fence_proxy_async()
         T.barrier_wait(smem.S_ready[s], S_ring.ready_parity(c))
         if live:
@@ -733,19 +831,20 @@ def chunk_fwd_ws_kernel(
     @T.macro
     def gate_warp(smem, cta, lane, g):
         """Rows lane and lane + 32 of every chunk's gc, exp(gc), exp(gc_last - gc) (or only its end mask) and D,
-        from loads issued GATE_AHEAD chunks ahead into registers; a last chunk's tail buffers zeroed past the
-        sequence end once they land."""
-        # registers of the GATE_AHEAD chunks whose loads are in flight (chunk c in set c % GATE_AHEAD)
-        g_r = T.alloc_local([GATE_AHEAD, C // 32], accum)
-        g_last = T.alloc_local([GATE_AHEAD], accum)
-        d_r = T.alloc_local([GATE_AHEAD, K // 32], accum)
+        from loads issued GATE_AHEAD chunks ahead (folded: one) into registers; a last chunk's tail buffers zeroed
+        past the sequence end once they land."""
+        # registers of the `ahead` chunks whose loads are in flight (chunk c in set c % ahead)
+        ahead = 1 if cfg.folded else GATE_AHEAD
+        g_r = T.alloc_local([ahead, C // 32], accum)
+        g_last = T.alloc_local([ahead], accum)
+        d_r = T.alloc_local([ahead, K // 32], accum)
         regs = SimpleNamespace(g_r=g_r, g_last=g_last, d_r=d_r)
-        for u in T.unroll(GATE_AHEAD):
+        for u in T.unroll(ahead):
             if u < cta.n_chunks:
                 fetch_gate_rows(u, u, regs, lane, cta, g)
-        for cc in T.serial(T.ceildiv(cta.n_chunks, GATE_AHEAD)):
-            for u in T.unroll(GATE_AHEAD):
-                c = cc * GATE_AHEAD + u
+        for cc in T.serial(T.ceildiv(cta.n_chunks, ahead)):
+            for u in T.unroll(ahead):
+                c = cc * ahead + u
                 if c < cta.n_chunks:
                     slot = inputs.slot(c)
                     t0 = cta.t_start + c * C
@@ -763,7 +862,7 @@ def chunk_fwd_ws_kernel(
                             smem.d_s[slot, lane + 32 * e] = d_r[u, e]
                     if t0 + C <= cta.t_end:  # a tail's slot is marked loaded below, once its rows are zeroed
                         T.barrier_arrive(smem.loaded[slot])
-                    fetch_gate_rows(u, c + GATE_AHEAD, regs, lane, cta, g)
+                    fetch_gate_rows(u, c + ahead, regs, lane, cta, g)
         # the last chunk when it is a tail, after the loop: the gate registers are dead there, so the zeroing's
         # address arithmetic fits the load group's register budget
         last = cta.t_start + (cta.n_chunks - 1) * C
@@ -793,7 +892,7 @@ def chunk_fwd_ws_kernel(
             hq = bh // (HV // H)
             v0 = bv * block_DV
             smem = allocate_shared(cfg, dtype)
-            S_f = KS_f = Vn_f = P_f = O2_f = P2_f = parts = None
+            S_f = KS_f = Vn_f = O_f = P_f = O2_f = P2_f = parts = None
             part = block_DV // max(cfg.chains, 1)  # a chain group's columns
             if cfg.transposed:  # each chain group's S^T, (K S)^T, Vnew^T in fp32 and its operands S^T, X^T, Vd^T
                 parts = [tuple(T.alloc_fragment([part, cols], kind) for kind, cols in (
@@ -806,9 +905,10 @@ def chunk_fwd_ws_kernel(
                 if delta:
                     KS_f = T.alloc_fragment([C, block_DV], accum)
                     Vn_f = T.alloc_fragment([C, block_DV], accum)
-            O_f = T.alloc_fragment([C, block_DV], accum)
-            if not channel:
-                P_f = T.alloc_fragment([C, C], accum)
+            if not cfg.folded:  # the output group's (folded: its scores alone)
+                O_f = T.alloc_fragment([C, block_DV], accum)
+            if not channel:  # folded: half of P's columns at a time (the scores group's registers)
+                P_f = T.alloc_fragment([C, C // 2 if cfg.folded else C], accum)
             if cfg.two_output_groups:  # the even-chunk output group's own fragments
                 O2_f = T.alloc_fragment([C, block_DV], accum)
                 if not channel:
@@ -850,15 +950,16 @@ def chunk_fwd_ws_kernel(
             tx = T.get_thread_binding()
             if tx < GROUP:  # state, or the first chain group
                 if cfg.chains:
-                    T.set_max_nreg(CHAIN_REGS if cfg.chains == 2 else SOLE_CHAIN_REGS, 1)
-                    chain_group(smem, cta, 0, *parts[0], h0, ht, h_init)
+                    T.set_max_nreg(FOLDED_CHAIN_REGS if cfg.folded else CHAIN_REGS if cfg.chains == 2
+                                   else SOLE_CHAIN_REGS, 1)
+                    chain_group(smem, cta, 0, *parts[0], h0, ht, h_init, o)
                 else:
                     T.set_max_nreg(STATE_REGS, 1)
                     state_group(smem, cta, S_f, h0, ht, h_init)
             elif tx < 2 * GROUP:  # value, or the second chain group
                 if cfg.chains == 2:
-                    T.set_max_nreg(CHAIN_REGS, 1)
-                    chain_group(smem, cta, part, *parts[1], h0, ht, h_init)
+                    T.set_max_nreg(FOLDED_CHAIN_REGS if cfg.folded else CHAIN_REGS, 1)
+                    chain_group(smem, cta, part, *parts[1], h0, ht, h_init, o)
                 elif cfg.two_output_groups:
                     T.set_max_nreg(VALUE_REGS, 1)
                     output_group(0, P2_f, O2_f, smem, cta, o)
@@ -868,13 +969,16 @@ def chunk_fwd_ws_kernel(
                 else:  # one chain group, or the plain update's state pass alone (K^T V from the input slots): idle
                     T.set_max_nreg(LOAD_REGS, 0)
             elif tx < 3 * GROUP:  # output
-                if store_output:
+                if cfg.folded:  # the chain groups form and store the output; these warps its scores
+                    T.set_max_nreg(SCORES_REGS, 0)
+                    scores_group(smem, cta, P_f)
+                elif store_output:
                     T.set_max_nreg(CHAIN_OUTPUT_REGS if cfg.chains == 2 else OUTPUT_REGS, 1)
                     output_group(1, P_f, O_f, smem, cta, o)
                 else:  # the state pass alone: idle
                     T.set_max_nreg(LOAD_REGS, 0)
             else:  # load
-                T.set_max_nreg(LOAD_REGS, 0)
+                T.set_max_nreg(FOLDED_LOAD_REGS if cfg.folded else LOAD_REGS, 0)
                 if tx < 3 * GROUP + 32:
                     tma_warp(smem, cta, q, k, v, A, kg, P)
                 elif tx < 3 * GROUP + 64:

@@ -420,8 +420,9 @@ def loop_tiles(K: int, gate: str, delta: bool, dtype: str, chunk: int = CHUNK) -
 class PassConfig:
     """One state/output launch's static configuration, its compile key: `args` are the builder's arguments
     (chunk_fwd_ws.chunk_fwd_ws_kernel for kernel "ws", chunk_fwd.chunk_fwd_kernel for "loop"). tiles: (block_DV,
-    store_output, warmup) for "ws" (warmup: the split's passes read the warm-up table), (block_DV, threads,
-    num_stages, chunk) for "loop"."""
+    store_output, warmup) for "ws" (warmup: the split's passes read the warm-up table), and a fourth, True, where
+    the output is folded into the chain groups (make_plan's fold); (block_DV, threads, num_stages, chunk) for
+    "loop"."""
 
     kernel: str
     K: int
@@ -548,7 +549,7 @@ def _plan(*, dtype: str, beta_dtype: str | None, gate_dtype: str | None, gate: s
           K: int, V: int, lengths: tuple[int, ...], tokens: int, varlen: bool, scale: float, initial_state: bool,
           output_final_state: bool, sms: int, g_input: str = "raw", gate_form: str = "log", kernel: str = "auto",
           block_DV: int | None = None, split="auto", outputs: bool = True, pipeline="auto",
-          graph: bool = False, chunk: int = CHUNK) -> Plan:
+          graph: bool = False, chunk: int = CHUNK, fold: bool = False) -> Plan:
     """make_plan's decisions.
 
     dtype: q/k/v's ("bfloat16" / "float16"); beta_dtype: beta's as the state pass reads it ("float32" or dtype; None
@@ -567,6 +568,8 @@ def _plan(*, dtype: str, beta_dtype: str | None, gate_dtype: str | None, gate: s
     or the token boundaries (0, ..., T) of the ranges over the call's one sequence, interior ones at chunk boundaries.
     graph: the call is being captured into a CUDA graph (its launches cost no host time when it replays).
     outputs=False: the state alone (ws pass without its output group; o is not written).
+    fold: the ws pass at DV block 128 with the output folded into its two chain groups (chunk_fwd_ws.WsConfig.folded;
+    GDN at K = V = 128, with outputs; "auto" split then means none).
     chunk: CHUNK, or SHORT_CHUNK: KDA's short-chunk path (the cumsum at 16, kkt_solve's Neumann inverse at 16, the
     loop pass at 16; no split, no token-range pipeline), under the per-channel gate exact while no key channel
     decays by more than e^-80 within 16 tokens (the bounded gate with lower_bound >= -5); g_input="cumsum" then
@@ -596,12 +599,19 @@ def _plan(*, dtype: str, beta_dtype: str | None, gate_dtype: str | None, gate: s
         if split.lengths != lengths:
             raise ValueError(f"split: a SegmentPlan of the call's lengths {lengths[:8]}..., got {split.lengths[:8]}...")
     elif split == "auto":
-        split = auto_split(lengths, HV, sms, K, gate, delta) if ws and splits(gate, delta) and outputs else None
+        split = auto_split(lengths, HV, sms, K, gate, delta) if ws and splits(gate, delta) and outputs and not fold \
+            else None
     elif split is not None:
         raise ValueError(f"split: expected 'auto', None or a SegmentPlan, got {split!r}")
     if block_DV is not None and (block_DV not in dv_blocks(K, gate, delta) or not ws or split is not None):
         raise ValueError(f"block_DV: the unsplit warp-specialised pass takes one of {dv_blocks(K, gate, delta)}, got "
                          f"{block_DV} (kernel={kernel!r}, warp-specialised: {ws}, split: {split is not None})")
+    if fold and not (ws and delta and gate == "scalar" and K == V == 128 and split is None and outputs
+                     and block_DV in (None, 128) and pipeline in ("auto", None)):
+        raise ValueError(f"fold: the output folds into the chain groups of GDN's unsplit warp-specialised pass (the "
+                         f"delta rule under a scalar gate) at K = V = block_DV = 128, with outputs; got kernel="
+                         f"{kernel!r}, gate {gate!r}, delta rule {delta}, K={K}, V={V}, block_DV={block_DV}, split: "
+                         f"{split is not None}, outputs={outputs}, pipeline={pipeline!r}")
     if not outputs and not ws:
         raise ValueError(f"outputs=False: the warp-specialised pass alone drops its output group, got kernel="
                          f"{kernel!r}, K={K}, gate {gate!r}, delta rule {delta}")
@@ -625,6 +635,8 @@ def _plan(*, dtype: str, beta_dtype: str | None, gate_dtype: str | None, gate: s
     def state_pass(V_pass, chains, varlen_pass, h0, ht, store_output, block=None, warmup=False):
         if not ws:
             tiles = loop_tiles(K, gate, delta, dtype, chunk)
+        elif fold:
+            tiles = (128, True, False, True)
         else:
             block = block or default_block_DV(K, V_pass, chains.count * HV, sms, store_output, rule, chains)
             tiles = (block, store_output, warmup)
