@@ -134,8 +134,8 @@ CHAIN_REGS = 160
 SOLE_CHAIN_REGS = 200
 CHAIN_OUTPUT_REGS = 136
 # with the output folded into the two chain groups (WsConfig.folded), 208 + 208 + 56 + 40: each chain group holds
-# (Q S)^T and O^T where (K S)^T was, with S^T's 16-bit copy live until (Q S)^T is issued (at 200 ptxas serialises its
-# products and spills); the scores group half of P's columns at a time; the gate warp one chunk's gate loads
+# (Q S)^T and O^T where (K S)^T was (at 200 ptxas serialises its products and spills); the scores group half of P's
+# columns at a time; the gate warp one chunk's gate loads
 FOLDED_CHAIN_REGS = 208
 SCORES_REGS = 56
 FOLDED_LOAD_REGS = 40
