@@ -573,83 +573,76 @@ def chunk_fwd_ws_kernel(
             T.barrier_arrive(smem.consumed[slot])
 
     @T.macro
-    def folded_chunk(smem, cta, c, slot, j0, S_f, X_f, Vn_f, S16, X16, Vd16, decay, o):
-        """One chunk of a folded chain group (cfg.folded): the transposed recurrence, and beside it its columns'
-        O^T = scale exp(gc) ⊙ (S^T Q^T) + Vnew^T P^T from the same register operands, accumulated in X_f once X^T
-        has left it ((Q S)^T issued after Vnew^T's product, Vnew^T P^T with Vnew^T in X16 after the scores group's
-        "scored"), stored through its O_s by TMA (a sequence's last chunk cut by its end row by row)."""
+    def transposed_chunk(smem, cta, c, slot, j0, S_f, X_f, Vn_f, S16, X16, Vd16, decay, o):
+        """One chunk of a transposed chain group (cfg.transposed; S_f, X_f, Vn_f hold S^T, (K S)^T, Vnew^T and S16,
+        X16, Vd16 the 16-bit S^T, X^T, Vd^T): (K S)^T = S^T K^T, then U^T = V^T Ab^T issued while X^T is formed,
+        Vnew^T = U^T + X^T Ab^T, S^T <- exp(gc_last) S^T + Vd^T K, each product taking its left operand from
+        registers; S^T and Vnew^T to its rows of S_s and Vnew_s, Vnew's hand-over and the decay while a product runs.
+        Folded (cfg.folded), in place of the hand-overs its columns' O^T = scale exp(gc) ⊙ (S^T Q^T) + Vnew^T P^T from
+        the same register operands, accumulated in X_f once X^T has left it ((Q S)^T issued after Vnew^T's product,
+        Vnew^T P^T with Vnew^T in X16 after the scores group's "scored"), stored through its O_s by TMA (a sequence's
+        last chunk cut by its end row by row); the slot is released before the stores."""
         cols = block_DV // cfg.chains
-        T.tma_store_wait()  # the chunk before's O has left O_s (the group's barrier before O_s's stores follows)
+        if cfg.folded:
+            T.tma_store_wait()  # the chunk before's O has left O_s (the group's barrier before O_s's stores follows)
         T.copy(S_f, S16)
+        if not cfg.folded:
+            # before (K S)^T: a register operand is not to be read while its product runs (PTX), and nvcc
+            # would store S16's registers for S_f's identical copy
+            publish(smem, S_ring, c, S16, smem.S_s, j0, cols)
         T.gemm(S16, smem.k_s[slot, :, :], X_f, transpose_B=True, clear_accum=True)
         T.wgmma_gemm(smem.v_s[slot, :, j0 : j0 + cols], smem.A_s[slot, :, :], Vn_f, transpose_A=True,
                      transpose_B=True, clear_accum=True)  # U^T, while X^T is formed
         correction(smem, slot, X_f, j0, cols, X16)
         T.wgmma_gemm(X16, smem.A_s[slot, :, :], Vn_f, transpose_B=True)
-        T.wgmma_gemm(S16, smem.q_s[slot, :, :], X_f, transpose_B=True, clear_accum=True)  # (Q S)^T
+        if cfg.folded:
+            T.wgmma_gemm(S16, smem.q_s[slot, :, :], X_f, transpose_B=True, clear_accum=True)  # (Q S)^T
         if scalar:
             scalar_decay(smem, slot, decay, S_f)
         T.wait_wgmma(0)
         for j, i in T.Parallel(cols, C):
             Vd16[j, i] = T.cast(smem.ed_s[slot, i] * Vn_f[j, i], dtype)
-            X16[j, i] = T.cast(Vn_f[j, i], dtype)
+            if cfg.folded:
+                X16[j, i] = T.cast(Vn_f[j, i], dtype)
         T.wgmma_gemm(Vd16, smem.k_s[slot, :, :], S_f)
-        for j, i in T.Parallel(cols, C):
-            X_f[j, i] = X_f[j, i] * (scale * smem.eg_s[slot, i] if scalar else scale)
-        T.barrier_wait(smem.scored[slot], inputs.ready_parity(c))
-        T.wgmma_gemm(X16, smem.P_s[slot, :, :], X_f, transpose_B=True)
-        T.wait_wgmma(0)
-        T.barrier_arrive(smem.consumed[slot])  # the stores below read registers and O_s only
-        t0 = cta.t_start + c * C
-        n = j0 // cols
-        if t0 + C <= cta.t_end:  # a whole chunk of the sequence, through O_s and TMA
+        if cfg.folded:
             for j, i in T.Parallel(cols, C):
-                smem.O_s[n, i, j] = X_f[j, i]
-            T.fence_proxy_async()
-            T.tma_copy(smem.O_s[n, :, :], o[cta.bb, t0 : t0 + C, cta.bh, cta.v0 + j0 : cta.v0 + j0 + cols])
+                X_f[j, i] = X_f[j, i] * (scale * smem.eg_s[slot, i] if scalar else scale)
+            T.barrier_wait(smem.scored[slot], inputs.ready_parity(c))
+            T.wgmma_gemm(X16, smem.P_s[slot, :, :], X_f, transpose_B=True)
         else:
-            for j, i in T.Parallel(cols, C):
-                if t0 + i < cta.t_end:
-                    o[cta.bb, t0 + i, cta.bh, cta.v0 + j0 + j] = X_f[j, i]
+            publish(smem, Vn_ring, c, Vn_f, smem.Vn_s, j0, cols)
+        T.wait_wgmma(0)
+        if cfg.folded:
+            T.barrier_arrive(smem.consumed[slot])  # the stores below read registers and O_s only
+            t0 = cta.t_start + c * C
+            n = j0 // cols
+            if t0 + C <= cta.t_end:  # a whole chunk of the sequence, through O_s and TMA
+                for j, i in T.Parallel(cols, C):
+                    smem.O_s[n, i, j] = X_f[j, i]
+                T.fence_proxy_async()
+                T.tma_copy(smem.O_s[n, :, :], o[cta.bb, t0 : t0 + C, cta.bh, cta.v0 + j0 : cta.v0 + j0 + cols])
+            else:
+                for j, i in T.Parallel(cols, C):
+                    if t0 + i < cta.t_end:
+                        o[cta.bb, t0 + i, cta.bh, cta.v0 + j0 + j] = X_f[j, i]
 
     @T.macro
     def chain_group(smem, cta, j0, S_f, X_f, Vn_f, S16, X16, Vd16, h0, ht, h_init, o):
         """The whole recurrence for columns j0 ... j0 + block_DV / chains of the DV block (cfg.chains): per chunk,
         S's 16-bit copy to its part of S_s, U = Ab V beside K S -> X = -exp(gc) K S -> Vnew = U + Ab X -> Vd =
         exp(gc_last - gc) Vnew, S <- exp(gc_last) S + K^T Vd; Vnew to its part of Vnew_s. V enters the chain only
-        through U's product (from shared memory), so no register waits for it.
-        Transposed (cfg.transposed; S_f, X_f, Vn_f hold S^T, (K S)^T, Vnew^T and S16, X16, Vd16 the 16-bit S^T,
-        X^T, Vd^T): (K S)^T = S^T K^T, then U^T = V^T Ab^T issued while X^T is formed, Vnew^T = U^T + X^T Ab^T,
-        S^T <- exp(gc_last) S^T + Vd^T K, the chain's products taking their left operand from registers; S^T and
-        Vnew^T go to its rows of S_s and Vnew_s, or folded (cfg.folded) its columns' output is formed and stored
-        instead (folded_chunk). Otherwise (S16, X16, Vd16 None) U is issued first, K S reads its columns of S_s, and
-        X and then Vd pass through its part of V in v_s (over V, once U has read it)."""
+        through U's product (from shared memory), so no register waits for it. Transposed (cfg.transposed, folded
+        or not): transposed_chunk. Otherwise (S16, X16, Vd16 None) U is issued first, K S reads its columns of S_s,
+        and X and then Vd pass through its part of V in v_s (over V, once U has read it)."""
         cols = block_DV // cfg.chains
         decay = T.alloc_local([1], accum)
         initial_state(cta, S_f, h0, h_init, cta.v0 + j0, cols)
         for c in T.serial(cta.n_chunks):
             slot = inputs.slot(c)
             T.barrier_wait(smem.loaded[slot], inputs.ready_parity(c))
-            if cfg.folded:
-                folded_chunk(smem, cta, c, slot, j0, S_f, X_f, Vn_f, S16, X16, Vd16, decay, o)
-            elif cfg.transposed:  # Vnew's hand-over and the decay while a product runs
-                T.copy(S_f, S16)
-                # before (K S)^T: a register operand is not to be read while its product runs (PTX), and nvcc
-                # would store S16's registers for S_f's identical copy
-                publish(smem, S_ring, c, S16, smem.S_s, j0, cols)
-                T.gemm(S16, smem.k_s[slot, :, :], X_f, transpose_B=True, clear_accum=True)
-                T.wgmma_gemm(smem.v_s[slot, :, j0 : j0 + cols], smem.A_s[slot, :, :], Vn_f, transpose_A=True,
-                             transpose_B=True, clear_accum=True)  # U^T, while X^T is formed
-                correction(smem, slot, X_f, j0, cols, X16)
-                T.wgmma_gemm(X16, smem.A_s[slot, :, :], Vn_f, transpose_B=True)
-                if scalar:
-                    scalar_decay(smem, slot, decay, S_f)
-                T.wait_wgmma(0)
-                for j, i in T.Parallel(cols, C):
-                    Vd16[j, i] = T.cast(smem.ed_s[slot, i] * Vn_f[j, i], dtype)
-                T.wgmma_gemm(Vd16, smem.k_s[slot, :, :], S_f)
-                publish(smem, Vn_ring, c, Vn_f, smem.Vn_s, j0, cols)
-                T.wait_wgmma(0)
+            if cfg.transposed:
+                transposed_chunk(smem, cta, c, slot, j0, S_f, X_f, Vn_f, S16, X16, Vd16, decay, o)
             else:
                 T.wgmma_gemm(smem.A_s[slot, :, :], smem.v_s[slot, :, j0 : j0 + cols], Vn_f, clear_accum=True)  # U
                 publish(smem, S_ring, c, S_f, smem.S_s, j0, cols)
@@ -665,7 +658,7 @@ def chunk_fwd_ws_kernel(
                     scalar_decay(smem, slot, decay, S_f)
                 T.gemm(smem.k_s[slot, :, :], smem.v_s[slot, :, j0 : j0 + cols], S_f, transpose_A=True)
                 publish(smem, Vn_ring, c, Vn_f, smem.Vn_s, j0, cols)
-            if not cfg.folded:  # (folded_chunk releases the slot before its stores)
+            if not cfg.folded:  # (transposed_chunk releases the slot before its stores)
                 T.barrier_arrive(smem.consumed[slot])
         if cfg.folded:  # the last O's TMA store has read O_s before the CTA's shared memory goes
             T.tma_store_wait()
