@@ -353,7 +353,7 @@ def test_fold_by_default_where_q_k_heads_are_shared_at_dv_128(H, HV, lengths, fo
     """fold None (the default): the output folded into the chain groups where the unsplit pass runs at DV block 128
     and HV > H; fold=False never."""
     call = dict(H=H, HV=HV, lengths=lengths, tokens=sum(lengths), varlen=len(lengths) > 1)
-    (cfg,) = _plan(**call).passes[-1:]
+    cfg = _plan(**call).passes[-1]
     assert cfg.folded == folded and cfg.tiles[3:] == (True,) * folded
     assert not _plan(**call, fold=False).passes[-1].folded
     if folded:
