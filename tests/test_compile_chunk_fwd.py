@@ -82,6 +82,7 @@ CASES = [
     ("ws_fold_full", "scalar", True, 128, "bfloat16", "float32", FLAGS[0]),
     ("ws_fold_full", "scalar", True, 128, "float16", "float16", FLAGS[1]),
     ("ws_fold_full", "scalar", True, 128, "bfloat16", "float32", FLAGS[3]),
+    ("ws_fold_full", "scalar", True, 128, "bfloat16", "bfloat16", FLAGS[2]),
     ("chunk_fwd", "scalar", True, 128, "float16", "float16", FLAGS[0]),  # GDN with a half-precision beta
     ("chunk_fwd", "scalar", True, 256, "bfloat16", "float32", FLAGS[0]),
     ("chunk_fwd", "scalar", True, 256, "float16", "float32", FLAGS[1]),

@@ -342,6 +342,24 @@ def test_fold_takes_the_unsplit_pass_at_dv_128():
     assert cfg.args[-4:] == (128, True, False, True) and plan.kkt == _plan(**long).kkt
 
 
+@pytest.mark.parametrize("H,HV,lengths,folded", [
+    (16, 64, [8192] * 4, True),  # a full GPU at DV 128, four value heads a q/k head
+    (4, 16, [1024] * 8, True),
+    (32, 32, [8192] * 4, False),  # one value head a q/k head: the output group apart measured faster
+    (16, 64, [8192], False),  # one sequence: DV 64
+    (2, 8, [32768], False),  # split
+])
+def test_fold_by_default_where_q_k_heads_are_shared_at_dv_128(H, HV, lengths, folded):
+    """fold None (the default): the output folded into the chain groups where the unsplit pass runs at DV block 128
+    and HV > H; fold=False never."""
+    call = dict(H=H, HV=HV, lengths=lengths, tokens=sum(lengths), varlen=len(lengths) > 1)
+    cfg = _plan(**call).passes[-1]
+    assert cfg.folded == folded and cfg.tiles[3:] == (True,) * folded
+    assert not _plan(**call, fold=False).passes[-1].folded
+    if folded:
+        assert _plan(**call, fold=True) == _plan(**call)
+
+
 @pytest.mark.parametrize("kwargs", [dict(gate="none"), dict(kernel="loop"), dict(block_DV=64),
                                     dict(outputs=False), dict(split=SegmentPlan.of([64], 1)), dict(K=64, V=64)])
 def test_fold_is_for_gdns_unsplit_pass_at_dv_128(kwargs):

@@ -92,6 +92,8 @@ def jobs() -> list[Job]:
             if ws_covers(dtype, K, K, gate, delta):  # what "auto" picks
                 out += [Job("ws", (K, K, gate, delta, dtype, beta_dtype, flags, block_DV, True, False), **level)
                         for block_DV in dv_blocks(K, gate, delta)]
+                if (gate, delta, K) == ("scalar", True, 128):  # GDN's unsplit pass at DV 128, its output folded
+                    out.append(Job("ws", (K, K, gate, delta, dtype, beta_dtype, flags, K, True, False, True), **level))
                 if warms(gate, delta) and flags[:2] == (True, True):  # the split's outputs under the warm-up
                     out += [Job("ws", (K, K, gate, delta, dtype, beta_dtype, flags, block_DV, True, True), **level)
                             for block_DV in dv_blocks(K)]

@@ -454,6 +454,10 @@ class PassConfig:
     def warmup(self) -> bool:
         return self.kernel == "ws" and self.tiles[2]
 
+    @property
+    def folded(self) -> bool:
+        return self.kernel == "ws" and self.tiles[3:] == (True,)
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -549,7 +553,7 @@ def _plan(*, dtype: str, beta_dtype: str | None, gate_dtype: str | None, gate: s
           K: int, V: int, lengths: tuple[int, ...], tokens: int, varlen: bool, scale: float, initial_state: bool,
           output_final_state: bool, sms: int, g_input: str = "raw", gate_form: str = "log", kernel: str = "auto",
           block_DV: int | None = None, split="auto", outputs: bool = True, pipeline="auto",
-          graph: bool = False, chunk: int = CHUNK, fold: bool = False) -> Plan:
+          graph: bool = False, chunk: int = CHUNK, fold: bool | None = None) -> Plan:
     """make_plan's decisions.
 
     dtype: q/k/v's ("bfloat16" / "float16"); beta_dtype: beta's as the state pass reads it ("float32" or dtype; None
@@ -569,7 +573,8 @@ def _plan(*, dtype: str, beta_dtype: str | None, gate_dtype: str | None, gate: s
     graph: the call is being captured into a CUDA graph (its launches cost no host time when it replays).
     outputs=False: the state alone (ws pass without its output group; o is not written).
     fold: the ws pass at DV block 128 with the output folded into its two chain groups (chunk_fwd_ws.WsConfig.folded;
-    GDN at K = V = 128, with outputs; "auto" split then means none).
+    GDN at K = V = 128, with outputs; "auto" split then means none); None: folded where the unsplit pass runs at DV
+    block 128 and each q/k head serves several value heads (HV > H), False: never.
     chunk: CHUNK, or SHORT_CHUNK: KDA's short-chunk path (the cumsum at 16, kkt_solve's Neumann inverse at 16, the
     loop pass at 16; no split, no token-range pipeline), under the per-channel gate exact while no key channel
     decays by more than e^-80 within 16 tokens (the bounded gate with lower_bound >= -5); g_input="cumsum" then
@@ -603,11 +608,17 @@ def _plan(*, dtype: str, beta_dtype: str | None, gate_dtype: str | None, gate: s
             else None
     elif split is not None:
         raise ValueError(f"split: expected 'auto', None or a SegmentPlan, got {split!r}")
+    rule = update_rule(gate, delta)
+    foldable = (ws and delta and gate == "scalar" and K == V == 128 and split is None and outputs
+                and block_DV in (None, 128) and pipeline in ("auto", None))
+    if fold is None:  # where folding measured faster: the pass at DV 128 with shared q/k heads (benchmarks/NOTES.md)
+        chains = Chains.of(lengths)
+        fold = foldable and HV > H and (block_DV or default_block_DV(K, V, chains.count * HV, sms, True, rule,
+                                                                      chains)) == 128
     if block_DV is not None and (block_DV not in dv_blocks(K, gate, delta) or not ws or split is not None):
         raise ValueError(f"block_DV: the unsplit warp-specialised pass takes one of {dv_blocks(K, gate, delta)}, got "
                          f"{block_DV} (kernel={kernel!r}, warp-specialised: {ws}, split: {split is not None})")
-    if fold and not (ws and delta and gate == "scalar" and K == V == 128 and split is None and outputs
-                     and block_DV in (None, 128) and pipeline in ("auto", None)):
+    if fold and not foldable:
         raise ValueError(f"fold: the output folds into the chain groups of GDN's unsplit warp-specialised pass (the "
                          f"delta rule under a scalar gate) at K = V = block_DV = 128, with outputs; got kernel="
                          f"{kernel!r}, gate {gate!r}, delta rule {delta}, K={K}, V={V}, block_DV={block_DV}, split: "
@@ -630,7 +641,6 @@ def _plan(*, dtype: str, beta_dtype: str | None, gate_dtype: str | None, gate: s
     method = "neumann" if chunk == SHORT_CHUNK else "blocked"
     kkt, kkt_steps = kkt_plan(chunk, method, dtype, gate, H, HV, lengths, sms, gate_in if fused else None,
                               scaled=ws) if delta and not factors else (None, None)
-    rule = update_rule(gate, delta)
 
     def state_pass(V_pass, chains, varlen_pass, h0, ht, store_output, block=None, warmup=False):
         if not ws:
