@@ -1,6 +1,6 @@
 """Test-wide setup: ``gpu`` tests run only where a Hopper (sm_90) GPU is visible; each session compiles from an
-empty TorchInductor cache; benchmarks/smem_banks.py, inverse_latency.py and ncu_regions.py are the fixtures of their
-names."""
+empty TorchInductor cache; benchmarks/smem_banks.py, inverse_latency.py, ncu_regions.py and sass_groups.py are the
+fixtures of their names."""
 
 import importlib.util
 import os
@@ -44,6 +44,11 @@ def inverse_latency():
 @pytest.fixture(scope="session")
 def ncu_regions():
     return benchmark_script("ncu_regions")
+
+
+@pytest.fixture(scope="session")
+def sass_groups():
+    return benchmark_script("sass_groups")
 
 
 def pytest_collection_modifyitems(config, items):
