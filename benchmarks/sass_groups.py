@@ -19,6 +19,7 @@ import collections
 import glob
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -53,7 +54,7 @@ def loops(code: list[tuple[int, str]]) -> list[list[tuple[int, str]]]:
     branch's target within the section to the branch."""
     first = code[0][0] if code else 0
     spans = []
-    for k, (address, source) in enumerate(code):
+    for address, source in code:
         target = re.search(r"\bBRA\b.*?0x([0-9a-f]+)", source)
         if opcode(source) == "BRA" and target and first <= int(target.group(1), 16) < address:
             start = int(target.group(1), 16)
@@ -82,13 +83,14 @@ def report(text: str, opcodes: int = 12) -> str:
 
 def cuobjdump() -> str:
     """CUOBJDUMP, else cuobjdump on PATH, else the nvidia-cuda-cuobjdump wheel's."""
-    if os.environ.get("CUOBJDUMP"):
-        return os.environ["CUOBJDUMP"]
-    for path in os.environ.get("PATH", "").split(os.pathsep):
-        if os.access(os.path.join(path, "cuobjdump"), os.X_OK):
-            return os.path.join(path, "cuobjdump")
-    import nvidia  # the wheel's namespace package
-    for root in nvidia.__path__:
+    found = os.environ.get("CUOBJDUMP") or shutil.which("cuobjdump")
+    if found:
+        return found
+    try:
+        import nvidia  # the wheel's namespace package
+    except ImportError:
+        nvidia = None
+    for root in [] if nvidia is None else nvidia.__path__:
         for found in glob.glob(os.path.join(root, "*", "bin", "cuobjdump")):
             return found
     raise FileNotFoundError("cuobjdump: set CUOBJDUMP, put it on PATH or pip install nvidia-cuda-cuobjdump")
